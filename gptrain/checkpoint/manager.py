@@ -46,7 +46,7 @@ from gptrain.checkpoint.background_save import background_save_group, first_fail
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_dir_name
-from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError, root_cause
+from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError
 from gptrain.checkpoint.integrity import COMPLETE, complete_record, is_complete, with_metrics
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.pruning import CheckpointPruning
@@ -186,26 +186,6 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         elapsed = time.perf_counter() - started
         self._finish(SaveReport(step, path, elapsed, elapsed, False, waited, metrics=metrics))
         return path
-
-    def _clear_step_dir(self, path: Path) -> str | None:
-        """Rank 0 removes a torn or superseded save of the same step (no longer a checkpoint before any
-        file goes); what stops the save when `path` cannot take it (one line, told to every rank)."""
-        if not path.is_dir() and (path.exists() or path.is_symlink()):
-            return (
-                f"checkpoint {path} cannot be saved: a file of that name is in the way; move it out of "
-                f"{self.root}, then run the same command again (it resumes from the newest complete checkpoint)"
-            )
-        if not path.exists():
-            return None
-        try:
-            (path / COMPLETE).unlink(missing_ok=True)
-            shutil.rmtree(path)
-        except OSError as error:
-            return (
-                f"checkpoint {path} cannot be saved: an earlier save of that step could not be removed "
-                f"({root_cause(error)}); fix permissions under {self.root} or remove it, then run again"
-            )
-        return None
 
     def _start_background_save(self, report: SaveReport, state: dict[str, Any], started: float) -> None:
         """`report`: this save's, its stall set here once the write has started."""
@@ -436,9 +416,10 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         resumed run runs first, with no save at that step after it. Unrecorded, retention would rank
         that checkpoint below every one with a metric, and remove it however good its loss. The marker
         is replaced atomically (fsync'd, renamed, the directory fsync'd): COMPLETE stays written last,
-        and the manifest in it unchanged. Returns the step directory written, None where nothing was."""
+        and the manifest in it unchanged. Returns the step directory written, None where nothing was:
+        a step that is a symlink is another run's, whose marker is not this run's to rewrite."""
         resumed = self.resumed
-        if self.rank != 0 or resumed is None or resumed.name != step_dir_name(step):
+        if self.rank != 0 or resumed is None or resumed.name != step_dir_name(step) or resumed.is_symlink():
             return None
         marker = resumed / COMPLETE
         updated = with_metrics(marker.read_text(), step, metrics)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
+import sys
 import threading
 from pathlib import Path
 
 from gptrain.checkpoint.directory import step_dir_bytes, step_dir_name
+from gptrain.checkpoint.errors import root_cause
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_steps, is_complete
 from gptrain.checkpoint.retention import STEP, Ranked, Removal, recorded_metric, removals
+from gptrain.errors import os_error_text
 
 
 class CheckpointPruning:
@@ -30,10 +35,25 @@ class CheckpointPruning:
         The doomed lose their COMPLETE marker here (one unlink each: no longer checkpoints, so a
         crash mid-removal leaves a torn directory the next prune takes), and are removed in a
         background thread: at 1024 ranks a step directory is ~3,000 unlinks, which every rank
-        would otherwise wait for in the next collective."""
-        removed = self._removals(saved)
-        doomed = [self.root / step_dir_name(step) for step in self._torn_before(saved)]
-        doomed += [self.root / step_dir_name(removal.step) for removal in removed]
+        would otherwise wait for in the next collective.
+
+        A step that is a symlink (to another run's step directory) loses the link alone, here: nothing
+        through it is touched, its target's COMPLETE above all (that run would then remove it as torn)."""
+        removed = []
+        for removal in self._removals(saved):
+            path = self.root / step_dir_name(removal.step)
+            if not path.is_symlink():
+                removed.append(removal)
+            elif (target := _unlink_saying_why_not(path)) is not None:
+                removed.append(dataclasses.replace(removal, link=target))
+        doomed = []
+        for step in self._torn_before(saved):
+            path = self.root / step_dir_name(step)
+            if not path.is_symlink():
+                doomed.append(path)
+            elif (target := _unlink_saying_why_not(path)) is not None:
+                print(f"gptrain: {unlinked_text(path, target, 'incomplete')}", file=sys.stderr)
+        doomed += [self.root / step_dir_name(removal.step) for removal in removed if removal.link is None]
         for path in doomed:
             (path / COMPLETE).unlink(missing_ok=True)
         self._wait_for_pruning()
@@ -66,6 +86,40 @@ class CheckpointPruning:
             if match and entry.is_dir() and not is_complete(entry) and int(match.group(1)) < saved:
                 doomed.append(int(match.group(1)))
         return doomed
+
+    def _clear_step_dir(self, path: Path) -> str | None:
+        """Rank 0 removes a torn or superseded save of the same step (no longer a checkpoint before any
+        file goes), or the link where that step is a symlink (its target left alone); what stops the save
+        when `path` cannot take it (one line, told to every rank)."""
+        if path.is_symlink() and path.is_dir():
+            try:
+                target = _unlink(path)
+            except OSError as error:
+                return (
+                    f"checkpoint {path} cannot be saved: the symlink of that name could not be removed "
+                    f"({_reason(error, path)}); remove it, then run again"
+                )
+            print(
+                f"gptrain: {unlinked_text(path, target, f'this run saves {path.name} itself')}",
+                file=sys.stderr,
+            )
+            return None
+        if not path.is_dir() and (path.exists() or path.is_symlink()):
+            return (
+                f"checkpoint {path} cannot be saved: a file of that name is in the way; move it out of "
+                f"{self.root}, then run the same command again (it resumes from the newest complete checkpoint)"
+            )
+        if not path.exists():
+            return None
+        try:
+            (path / COMPLETE).unlink(missing_ok=True)
+            shutil.rmtree(path)
+        except OSError as error:
+            return (
+                f"checkpoint {path} cannot be saved: an earlier save of that step could not be removed "
+                f"({root_cause(error)}); fix permissions under {self.root} or remove it, then run again"
+            )
+        return None
 
     def _wait_for_pruning(self) -> None:
         if self._pruning is not None:
@@ -117,6 +171,48 @@ class CheckpointPruning:
         return self.keep_last + (1 if newest_among_best else 2)
 
 
+def unlinked_text(path: Path, target: str, why: str) -> str:
+    return f"unlinked {path.name} ({why}; a symlink to {target}: its target was left alone)"
+
+
+def _unlink(path: Path) -> str:
+    """Remove the symlink `path` itself; returns what it pointed at."""
+    target = os.readlink(path)
+    os.unlink(path)
+    return target
+
+
+def _unlink_saying_why_not(path: Path) -> str | None:
+    """`_unlink`, or None where the link could not be removed, said in one line."""
+    try:
+        return _unlink(path)
+    except OSError as error:
+        print(
+            f"gptrain: could not remove the symlink {path} ({_reason(error, path)}); remove it",
+            file=sys.stderr,
+        )
+        return None
+
+
 def _remove_all(paths: list[Path]) -> None:
+    """In the background: a step directory that cannot be removed (its COMPLETE went already: no longer
+    a checkpoint) is said in one line, never passed over as removed."""
     for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            shutil.rmtree(path)
+        except OSError as error:
+            if path.exists() or path.is_symlink():  # else gone whole, by another hand
+                print(
+                    f"gptrain: could not remove {path} ({_reason(error, path)}): no longer a checkpoint "
+                    f"(its {COMPLETE} marker went); remove it by hand",
+                    file=sys.stderr,
+                )
+
+
+def _reason(error: OSError, path: Path) -> str:
+    """Why `path` could not be removed: the file it names where that is one under it."""
+    return (
+        os_error_text(error, path)
+        if error.filename not in (None, str(path))
+        else str(error.strerror or error)
+    )

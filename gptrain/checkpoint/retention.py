@@ -38,6 +38,8 @@ class Removal:
 
     step: int
     reason: str
+    link: str | None = None
+    """Where the step was a symlink: its target, left alone (only the link was removed)."""
 
 
 def recorded_metric(step_dir: Path, monitor: str) -> float | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptrain.checkpoint.directory import size_text, step_dir_bytes, step_dir_name
+from gptrain.checkpoint.pruning import unlinked_text
 from gptrain.checkpoint.retention import Removal
 
 
@@ -47,7 +48,10 @@ class SaveReport:
         if self.waited_for_previous_s > 0:
             line += f" (waited {self.waited_for_previous_s:.1f} s for the previous save to finish writing)"
         for removal in self.removed:
-            line += f"; removed {step_dir_name(removal.step)} ({removal.reason})"
+            if removal.link is None:
+                line += f"; removed {step_dir_name(removal.step)} ({removal.reason})"
+            else:
+                line += f"; {unlinked_text(Path(step_dir_name(removal.step)), removal.link, removal.reason)}"
         return line
 
 

@@ -1,0 +1,101 @@
+"""A step directory that is a symlink (to another run's step_N: a continuation set up by hand, storage
+tiering linking old checkpoints back) is this run's only as a link: retention, a torn save's cleanup and
+a save over the same step remove the link, never anything through it (review C25 F1)."""
+
+import os
+
+import torch
+
+from gptrain.checkpoint.integrity import COMPLETE, complete_steps, verify
+from gptrain.checkpoint.manager import CheckpointManager
+
+
+def save(manager, step):
+    manager.save(step, {"model": {"w": torch.full((2,), float(step))}}, {"rng": torch.tensor([step])})
+
+
+def other_run(tmp_path, steps=(2,)):
+    """Another run's checkpoints directory, keeping every checkpoint, and its files by step."""
+    other = tmp_path / "other" / "checkpoints"
+    manager = CheckpointManager(other, keep_last=-1)
+    for step in steps:
+        save(manager, step)
+    manager.close()
+    return other, {step: sorted(p.name for p in (other / f"step_{step}").iterdir()) for step in steps}
+
+
+def test_retention_unlinks_a_linked_step_and_leaves_its_target_whole(tmp_path):
+    other, files = other_run(tmp_path)
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "step_2").symlink_to(other / "step_2")
+    lines = []
+    manager = CheckpointManager(run, keep_last=1, on_saved=lambda report: lines.append(report.describe()))
+    save(manager, 4)
+    manager.close()
+    assert not (run / "step_2").exists() and not (run / "step_2").is_symlink()
+    assert sorted(p.name for p in (other / "step_2").iterdir()) == files[2]
+    assert verify(other / "step_2", checksums=True) is None
+    assert lines[0].endswith(
+        f"; unlinked step_2 (not among the 1 newest; a symlink to {other / 'step_2'}: its target was left alone)"
+    )
+    assert complete_steps(run) == [4]
+
+
+def test_a_linked_torn_step_loses_only_the_link(tmp_path):
+    other, files = other_run(tmp_path)
+    (other / "step_2" / COMPLETE).unlink()  # torn there, as the other run's own cleanup may find it
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "step_2").symlink_to(other / "step_2")
+    manager = CheckpointManager(run, keep_last=-1)
+    save(manager, 4)
+    manager.close()
+    assert not (run / "step_2").is_symlink()
+    assert sorted(p.name for p in (other / "step_2").iterdir()) == [n for n in files[2] if n != COMPLETE]
+
+
+def test_a_save_over_a_linked_step_writes_its_own_and_leaves_the_target_whole(tmp_path, capsys):
+    other, files = other_run(tmp_path, steps=(4,))
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "step_4").symlink_to(other / "step_4")
+    manager = CheckpointManager(run, keep_last=-1)
+    save(manager, 4)
+    manager.close()
+    assert not (run / "step_4").is_symlink() and complete_steps(run) == [4]
+    assert sorted(p.name for p in (other / "step_4").iterdir()) == files[4]
+    assert verify(other / "step_4", checksums=True) is None
+    assert (
+        f"unlinked step_4 (this run saves step_4 itself; a symlink to {other / 'step_4'}: its target was left alone)"
+        in capsys.readouterr().err
+    )
+
+
+def test_the_loss_a_stop_left_due_is_not_written_into_a_linked_step(tmp_path):
+    other, _ = other_run(tmp_path)
+    marker = (other / "step_2" / COMPLETE).read_text()
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "step_2").symlink_to(other / "step_2")
+    manager = CheckpointManager(run, keep_last=-1)
+    manager.load_newest_good(lambda saved: {"model": {"w": torch.zeros(2)}}, lambda state: None, print)
+    assert manager.resumed == run / "step_2"
+    assert manager.record_metrics_of_resumed(2, {"val_loss": 0.5}) is None
+    assert (other / "step_2" / COMPLETE).read_text() == marker
+
+
+def test_a_removal_that_fails_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "checkpoints"
+    manager = CheckpointManager(run, keep_last=1)
+    save(manager, 1)
+
+    def refuse(path, *args, **kwargs):  # as a directory not ours to write to, even to root
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "rmdir", refuse)  # shutil.rmtree's last call, on the emptied directory
+    save(manager, 2)
+    manager.close()
+    err = capsys.readouterr().err
+    assert f"could not remove {run / 'step_1'} (" in err and "Permission denied" in err
+    assert len([line for line in err.splitlines() if "could not remove" in line]) == 1
