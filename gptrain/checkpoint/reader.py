@@ -27,6 +27,7 @@ from gptrain.checkpoint.agreement import (
     NotLoaded,
     agreed,
     first_on_any_rank,
+    is_distributed,
     refused_verdict,
     steps_of_rank_0,
     world_size,
@@ -257,7 +258,7 @@ class CheckpointReader:
         self._check_tokenizer(path)
         try:
             rank_file = agreed(path, lambda: rank_file_read(path, self.rank))  # the one a failure names
-            extra = agreed(path, lambda: rank_state_from(path, self.rank, rank_file), rank_file)
+            extra = agreed(path, lambda: rank_state_from(path, self.rank, rank_file, ranks()), rank_file)
             prepared = agreed(path, lambda: self._prepare(path, state_fn, read_verified_metadata(path)))
             agree_fit(path, prepared.saved, prepared.fit)  # collectives only; a mismatch on every rank
             self._check_architecture(path, own_run)  # what shapes cannot tell, before any data is read
@@ -408,7 +409,7 @@ class CheckpointReader:
     ) -> dict[str, Any]:
         """Load DCP `state` in place, hand it to `apply`, return this rank's extra state (read first:
         nothing is applied from a checkpoint whose rank file does not load)."""
-        extra = read_rank_state(path, self.rank)
+        extra = read_rank_state(path, self.rank, ranks())
         apply(self.read_state(path, state))
         return extra
 
@@ -433,3 +434,8 @@ class CheckpointReader:
         state = self._load_prepared(path, prepared)
         self._refuse_untied(path, prepared)
         return state
+
+
+def ranks() -> int | None:
+    """This run's ranks, where a process group says (a rank's streams depend on it: read_rank_state)."""
+    return world_size() if is_distributed() else None

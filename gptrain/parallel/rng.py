@@ -74,10 +74,12 @@ def rank_dropout_seed(cfg: Any, world: World) -> int:
 
 
 def stream_layout(cfg: Any, world: World) -> dict[str, Any]:
-    """What decides every rank's stream; a checkpoint's streams fit only a run with the same.
+    """What decides every rank's stream; a checkpoint's streams fit a run with the same, whatever its
+    data-parallel size (`streams_fit`).
 
-    Rank r loads the stream rank r saved: under another layout that is another (stage, tensor
-    rank) coordinate's stream, and tensor ranks that must share one could get different ones.
+    A rank takes the stream of the saved rank at its own (stage, tensor rank) coordinate
+    (gptrain.checkpoint.rank_state.read_rank_state); under other TP or PP sizes no saved rank has
+    this rank's stream, and tensor ranks that must share one could get different ones.
     """
     m = cfg.model
     return {
@@ -90,8 +92,15 @@ def stream_layout(cfg: Any, world: World) -> dict[str, Any]:
 
 def streams_fit(saved: dict[str, Any] | None, layout: dict[str, Any]) -> bool:
     """Whether streams saved under `saved` (a `stream_layout`; None when the checkpoint did not record
-    one) may be restored under `layout`: the same layout, or one process (no peers to keep in step)."""
-    return saved == layout or layout["world_size"] == 1
+    one) may be restored under `layout`: the same TP, PP and sequence parallelism, whatever the number
+    of ranks (the data-parallel ranks of a coordinate share its stream, as in Megatron, which restores
+    the same (pp, tp) rank's streams after a change of the data-parallel size), or one process (no
+    peers to keep in step)."""
+    if layout["world_size"] == 1:
+        return True
+    if saved is None:
+        return False
+    return {**saved, "world_size": 0} == {**layout, "world_size": 0}
 
 
 def describe_layout(layout: dict[str, Any] | None) -> str:

@@ -74,11 +74,13 @@ def rank_state(layout: dict[str, Any]) -> dict[str, Any]:
 
 
 def restore_rng_state(extra: dict[str, Any], layout: dict[str, Any], log: Callable[[str], None]) -> bool:
-    """Put back the streams of this rank's file (`extra`) when they are this rank's, else log why not.
+    """Put back the streams this rank read (`extra`: gptrain.checkpoint.rank_state.read_rank_state, the
+    saved rank's of its (stage, tensor rank) coordinate) when they are this rank's, else log why not.
 
-    Rank r reads the file rank r wrote; under another layout (`gptrain.parallel.rng.stream_layout`)
-    that is another stage's or tensor rank's stream, and tensor ranks that must share a stream could
-    get different ones. They then keep the streams seeded for this layout. True when restored.
+    Under other TP, PP or sequence-parallel settings (`gptrain.parallel.rng.stream_layout`) the saved
+    rank at a coordinate is another stage's or tensor rank's stream, and tensor ranks that must share a
+    stream could get different ones. They then keep the streams seeded for this layout. True when
+    restored.
     """
     saved = extra.get("rng_layout")
     if "rng" not in extra and saved is None:
@@ -89,7 +91,11 @@ def restore_rng_state(extra: dict[str, Any], layout: dict[str, Any], log: Callab
             f"{describe_layout(layout)}; dropout draws from the streams seeded for this layout"
         )
         return False
-    if "rng" not in extra:  # rank 0's file, read by a rank of a larger world (read_rank_state)
+    if "rng" not in extra:  # its coordinate's rank file is missing (read_rank_state)
+        log(
+            "random streams not restored: the checkpoint has no rank file of this rank's (pipeline, "
+            "tensor) position; dropout draws from the streams seeded for this layout"
+        )
         return False
     set_rng_state(extra["rng"])
     return True

@@ -1,7 +1,7 @@
 """One gloo rank running every scenario of tests/checkpoint/test_checkpoint_ranks.py in turn, in one
 process group (a torch start-up per scenario cost seconds each): rank_load_worker's modes and
-start_from_worker's, each with directories of its own. Argument: a JSON list of
-{"worker": "rank_load" | "start_from", "args": [...]}, each as that worker's command line takes it."""
+start_from_worker's and streams_worker's, each with directories of its own. Argument: a JSON list of
+{"worker": "rank_load" | "start_from" | "streams", "args": [...]}, each as that worker's command line takes it."""
 
 import datetime
 import json
@@ -11,11 +11,16 @@ from pathlib import Path
 
 import rank_load_worker
 import start_from_worker
+import streams_worker
 import torch
 import torch.distributed as dist
 from gloo_worker import run_as_rank
 
-SCENARIOS = {"rank_load": rank_load_worker.scenario, "start_from": start_from_worker.scenario}
+SCENARIOS = {
+    "rank_load": rank_load_worker.scenario,
+    "start_from": start_from_worker.scenario,
+    "streams": streams_worker.scenario,
+}
 
 
 def main() -> int:

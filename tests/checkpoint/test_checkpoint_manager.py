@@ -38,9 +38,11 @@ def test_save_load_round_trip_with_rank_state(tmp_path):
 def test_a_rank_of_a_larger_world_than_saved_reads_rank_0s_records(tmp_path):
     """A world grown between requeues (2 ranks to 4, the same TP and PP): ranks 2 and 3 have no rank
     file and got nothing, and the last rank prints the console's lines, so the data order changed
-    since the checkpoint (a longer trainer.max_steps) and the random streams not restored were said
-    only in rank 0's log file. They read rank 0's file now, whose streams record the world that saved
-    them: the new ranks refuse them as the others do, saying so. A rank with a file reads its own."""
+    since the checkpoint (a longer trainer.max_steps) was said only in rank 0's log file. They read
+    rank 0's file now; its streams are theirs too (TP 1, PP 1: one stream, data-parallel ranks share
+    it), taken where the run's world is known (a process group: 4 ranks here), and restored, as the
+    other ranks restore theirs (tests/checkpoint/test_rank_streams.py). A rank with a file reads its own."""
+    from gptrain.checkpoint.rank_state import read_rank_state
     from gptrain.train.state import rank_state, restore_rng_state
 
     saved_layout = {
@@ -63,10 +65,13 @@ def test_a_rank_of_a_larger_world_than_saved_reads_rank_0s_records(tmp_path):
     assert extra_of(1) == {"own": 1}
     extra = extra_of(3)
     assert extra["train_order"] == order
-    assert "rng" not in extra  # rank 0's streams are never another rank's
+    assert "rng" not in extra  # no process group: the world, and so rank 3's position, is not known
+    extra = read_rank_state(step_dir, 3, world=4)
+    assert extra["train_order"] == order
+    saved_streams = torch.load(step_dir / "rank_0.pt", weights_only=False)["rng"]
+    assert torch.equal(extra["rng"]["torch"], saved_streams["torch"])
     lines = []
-    assert not restore_rng_state(extra, {**saved_layout, "world_size": 4}, lines.append)
-    assert lines[0].startswith("random streams not restored: saved under 2 ranks, TP 1, PP 1")
+    assert restore_rng_state(extra, {**saved_layout, "world_size": 4}, lines.append) and lines == []
 
 
 LAYOUT_OF_2 = {

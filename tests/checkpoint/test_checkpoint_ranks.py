@@ -30,6 +30,27 @@ def start_from_dirs(base: Path, mode: str) -> tuple[Path, Path]:
     return run, source
 
 
+def streams_checkpoint(base: Path) -> dict:
+    """A checkpoint one process saved after some dropout draws (TP 1, PP 1), in base/checkpoints; what
+    that process, run on uninterrupted, draws next."""
+    import random
+
+    import numpy as np
+
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.train.state import rank_state, set_rng_state
+
+    random.seed(1234)
+    np.random.seed(1234)
+    torch.manual_seed(1234)
+    torch.rand(100)  # iterations' dropout before the save
+    one = {"world_size": 1, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1}
+    extra = rank_state({**one, "sequence_parallel": False})
+    CheckpointManager(base / "checkpoints", keep_last=-1).save(6, {"model": {"w": torch.zeros(2)}}, extra)
+    set_rng_state(extra["rng"])  # the uninterrupted run goes on from here
+    return {"torch": torch.rand(4).tolist(), "python": random.random(), "numpy": float(np.random.rand())}
+
+
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each scenario's directory (mode: base), after one launch ran them all."""
@@ -40,6 +61,11 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for mode in START_MODES:
         run, source = start_from_dirs(bases[mode], mode)
         runs.append({"worker": "start_from", "args": [str(run), str(source), str(bases[mode]), mode]})
+    bases["streams"] = tmp_path_factory.mktemp("streams")
+    (bases["streams"] / "expected.json").write_text(json.dumps(streams_checkpoint(bases["streams"])))
+    runs.append(
+        {"worker": "streams", "args": [str(bases["streams"] / "checkpoints"), str(bases["streams"]), "dp"]}
+    )
     gloo_ranks.run_ranks(WORKER, json.dumps(runs), timeout_s=240)
     return bases
 
@@ -147,3 +173,17 @@ def test_a_file_named_as_the_step_being_saved_stops_every_rank_in_one_line(scena
             "complete checkpoint)"
         )
     assert (root / "step_8").read_text() == "notes\n" and (root / "latest").read_text() == "step_6\n"
+
+
+@pytest.mark.distributed
+def test_two_ranks_resuming_one_processs_checkpoint_go_on_with_its_streams(scenarios):
+    """Only the data-parallel size changed (1 process to 2 ranks, TP 1, PP 1): each rank restores the
+    stream the one process saved, and draws what that process, run on uninterrupted, draws next
+    (Megatron restores the same (pp, tp) rank's streams). They restarted from the seed, as a fresh run's
+    (review C25 F2)."""
+    tmp_path = scenarios["streams"]
+    expected = json.loads((tmp_path / "expected.json").read_text())
+    for rank in range(2):
+        result = json.loads((tmp_path / f"streams_rank_{rank}.json").read_text())
+        assert result["resumed"] == "step_6" and result["lines"] == [], result
+        assert result["restored"] and result["draws"] == expected, (rank, result)
