@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gptrain.utils.atomic import plain_file_mode
+from gptrain.utils.atomic import replace_as_plain_file
 
 if TYPE_CHECKING:
     from gptrain.data.indexed import IndexedDatasetWriter
@@ -89,5 +88,4 @@ def _finish_moves(
 
 
 def _move_into_place(temp: Path, path: Path) -> None:
-    os.chmod(temp, plain_file_mode())
-    os.replace(temp, path)
+    replace_as_plain_file(temp, path)

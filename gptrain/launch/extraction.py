@@ -12,7 +12,7 @@ from typing import IO
 
 from gptrain.data.jsonl import zstd_blocks
 from gptrain.errors import DataError
-from gptrain.utils.atomic import hold, remove_stale_temporaries, temporary_sibling
+from gptrain.utils.atomic import hold, remove_stale_temporaries, replace_as_plain_file, temporary_sibling
 from gptrain.utils.signals import terminate_as_exception
 
 CHUNK = 1 << 20
@@ -61,7 +61,7 @@ def extract(path: Path, keep: bool = False) -> Path:
                 hold(out)
                 for block in decompressed_blocks(path):
                     out.write(block)
-            tmp.replace(target)
+            replace_as_plain_file(tmp, target)  # a plain write's mode, not mkstemp's 0600
         except EOFError:
             raise DataError(
                 f"{path}: the archive ends too soon (cut short: an interrupted download or copy);"

@@ -25,7 +25,7 @@ from typing import Any
 from gptrain.errors import DataError
 from gptrain.launch.extraction import CHUNK
 from gptrain.launch.shards import Shard
-from gptrain.utils.atomic import atomic_write_text
+from gptrain.utils.atomic import atomic_write_text, replace_as_plain_file
 
 
 def fetch_once(url: str, part: Path, timeout: float) -> None:
@@ -182,7 +182,7 @@ def download(
         else:
             fetch_with_retries(shard.url, part, retries, backoff, timeout)
         verify(part, shard)
-        part.rename(dest)
+        replace_as_plain_file(part, dest)  # a tokenizer file's part is a mkstemp, 0600
         validator_file(part).unlink(missing_ok=True)
     return dest
 

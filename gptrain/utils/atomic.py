@@ -154,8 +154,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, plain_file_mode())  # mkstemp's 0600 otherwise
-        os.replace(tmp, path)
+        replace_as_plain_file(tmp, path)
     except BaseException as error:
         tmp.unlink(missing_ok=True)
         # name the file asked for: ENOSPC from a flush or close carries no name at all
@@ -227,6 +226,12 @@ def current_umask() -> int:
     mask = os.umask(0o077)
     os.umask(mask)
     return mask
+
+
+def replace_as_plain_file(tmp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Rename a private temporary (mkstemp's 0600) onto `path` with the mode a plain write gets."""
+    os.chmod(tmp, plain_file_mode())
+    os.replace(tmp, path)
 
 
 def plain_file_mode() -> int:
