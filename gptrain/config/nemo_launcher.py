@@ -288,6 +288,7 @@ def adapt_pile_download(
         "output_name_prefix": "my-gpt3_",
         "extract": True,
         "keep_compressed": not _truthy(section.get("rm_downloaded", True)),
+        "keep_extracted": not _truthy(section.get("rm_extracted", True)),
         "tokenizer": {
             "type": str(section.get("tokenizer_type") or "GPT2BPETokenizer"),
             "vocab_file": f"{section.get('vocab_save_dir') or data_dir + '/bpe'}/vocab.json",

