@@ -7,6 +7,7 @@ Only omegaconf is imported: this runs on login nodes and must start fast.
 from __future__ import annotations
 
 import difflib
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,10 @@ def parse_overrides(arguments: list[str]) -> list[Override]:
     return overrides
 
 
+# The training section's own mappings, which the job's messages (and NeMo's training scripts) name
+# without the launch's `training.`: at the launch's top level a key under one is read by nothing.
+TRAINING_ROOTS = ("run", "trainer", "exp_manager", "model")
+
 # Mappings whose keys are the user's own (variable names, sbatch options): a new one needs no `+`.
 FREE_FORM_MAPPINGS = ("env_vars", "additional_parameters")
 
@@ -95,6 +100,8 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
         present = index is not None or (isinstance(node, DictConfig) and part in node)
         key: int | str = part if index is None else index
         free_form = depth > 0 and parts[depth - 1] in FREE_FORM_MAPPINGS
+        if not present and depth == 0 and part in TRAINING_ROOTS:  # `+` too: nothing reads it there
+            raise ConfigError(_training_key_at_the_top(override))
         if not present and not override.form.add and not free_form and parts[0] != "training":
             if override.key in nemo_launcher.PATH_KEYS:
                 raise ConfigError(_no_launcher_path(override))
@@ -147,6 +154,15 @@ def _no_launcher_path(override: Override) -> str:
         " base_results_dir and data_dir; gptrain's config has neither it nor a use for it: give"
         f" base_results_dir={root}/results data_dir={root}/data, or launch from the NeMo tree with"
         f" --config-dir {root}/conf"
+    )
+
+
+def _training_key_at_the_top(override: Override) -> str:
+    key = override.key
+    meant = shlex.quote(printable(f"training.{key}={override.form.text}"))  # as it would be typed
+    return (
+        f"unknown key '{key}': no '{key.split('.')[0]}' in the top level of a launch (the training's"
+        f" keys are under training.): did you mean {meant}?"
     )
 
 

@@ -359,7 +359,7 @@ def check_training_files(
 def check_fresh_start(cfg: TrainingConfig) -> list[str]:
     """resume_if_exists=false over a run directory that holds complete checkpoints (the Azure
     tutorial's benchmark, launched again under the same run.name): the job refuses it as it starts,
-    after the queue wait; said here instead, in the job's words."""
+    after the queue wait; said here instead, in the job's words with the launch's keys."""
     em = cfg.exp_manager
     if em.resume_if_exists or em.move_aside_earlier_run:
         return []
@@ -367,7 +367,7 @@ def check_fresh_start(cfg: TrainingConfig) -> list[str]:
 
     holder, found = earlier_run_checkpoints(Path(em.explicit_log_dir), Path(em.checkpoints_dir))
     if found:
-        raise earlier_run_error(holder, found)
+        raise earlier_run_error(holder, found, "training.")  # the launch's names of the keys
     return []
 
 

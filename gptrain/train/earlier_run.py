@@ -48,13 +48,15 @@ def requeued_own_checkpoint(checkpoints: Path, env: dict[str, str] | os._Environ
     return newest if isinstance(record, dict) and record.get("slurm_job_id") == job else None
 
 
-def earlier_run_error(checkpoints: Path, found: list[str]) -> EarlierRunError:
-    """What a fresh start over `found` checkpoints is told (by the job, and by the launch before it)."""
+def earlier_run_error(checkpoints: Path, found: list[str], prefix: str = "") -> EarlierRunError:
+    """What a fresh start over `found` checkpoints is told (by the job, and by the launch before it,
+    whose keys are the job's under `prefix`, `training.`)."""
+    em = f"{prefix}exp_manager"
     return EarlierRunError(
-        f"exp_manager.resume_if_exists=false but {checkpoints} holds an earlier run's"
-        f" checkpoints ({', '.join(found[-3:])}): resume it with exp_manager.resume_if_exists=true,"
-        " start a new run under another run.name (or exp_manager.explicit_log_dir), or move the"
-        " earlier run aside with exp_manager.move_aside_earlier_run=true (nothing is deleted)"
+        f"{em}.resume_if_exists=false but {checkpoints} holds an earlier run's"
+        f" checkpoints ({', '.join(found[-3:])}): resume it with {em}.resume_if_exists=true,"
+        f" start a new run under another {prefix}run.name (or {em}.explicit_log_dir), or move the"
+        f" earlier run aside with {em}.move_aside_earlier_run=true (nothing is deleted)"
     )
 
 

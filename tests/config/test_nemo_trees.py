@@ -464,13 +464,15 @@ def test_a_rerun_with_resume_if_exists_false_over_checkpoints_stops_at_launch(tm
     argv = ["launch", "--config-dir", str(conf("23.07")), *base]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith(
-        f"gptrain: error: exp_manager.resume_if_exists=false but {step.parent} holds an earlier run's"
-        " checkpoints (step_200): "
-    )
+    assert err == (
+        f"gptrain: error: training.exp_manager.resume_if_exists=false but {step.parent} holds an earlier"
+        " run's checkpoints (step_200): resume it with training.exp_manager.resume_if_exists=true, start a"
+        " new run under another training.run.name (or training.exp_manager.explicit_log_dir), or move the"
+        " earlier run aside with training.exp_manager.move_aside_earlier_run=true (nothing is deleted)"
+    )  # the launch's keys: the job's (`exp_manager...`) were refused as unknown, `+` read by nothing
     assert not (step.parent.parent.parent / "launcher.log").exists()  # nothing submitted
     assert main([*argv[:1], "--dry-run", *argv[1:]]) == 0  # a dry run says it as a warning
-    assert "preflight: warning  exp_manager.resume_if_exists=false but" in capsys.readouterr().err
+    assert "preflight: warning  training.exp_manager.resume_if_exists=false but" in capsys.readouterr().err
     moved = main([*argv[:1], "--dry-run", *argv[1:], "training.exp_manager.move_aside_earlier_run=true"])
     assert moved == 0 and "resume_if_exists=false but" not in capsys.readouterr().err
 

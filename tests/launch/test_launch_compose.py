@@ -759,3 +759,17 @@ def test_run_switches_added_beside_a_stages_list_are_ignored_as_nemo_does(capsys
     # beside a stages override too, whatever the order
     resolved = compose(["+run_data_preparation=True", "stages=[training]"]).resolved()
     assert resolved["stages"] == ["training"]
+
+
+@pytest.mark.parametrize("plus", ["", "+"])
+@pytest.mark.parametrize(
+    "key", ["exp_manager.move_aside_earlier_run", "run.name", "trainer.devices", "model.x"]
+)
+def test_a_training_key_given_without_training_is_told_its_launch_name(plus, key):
+    """`exp_manager.move_aside_earlier_run=true` was told "prefix with + to add a new key"; with `+`
+    it was taken and read by nothing (the run was refused again for the same reason)."""
+    with pytest.raises(ConfigError) as error:
+        compose([f"{plus}{key}=1"])
+    root = key.split(".")[0]
+    assert "did you mean training." in str(error.value) and f"training.{key}=1" in str(error.value)
+    assert "prefix with +" not in str(error.value) and root in str(error.value)
