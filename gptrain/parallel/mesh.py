@@ -9,6 +9,7 @@ task of the step derives alike (gptrain.utils.ports).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -87,6 +88,22 @@ def world_from_env(env: Mapping[str, str] | None = None) -> World:
     if not 0 <= rank < size:
         raise LaunchError(f"rank {rank} is outside world size {size}: check RANK/WORLD_SIZE or SLURM_PROCID")
     return World(rank=rank, world_size=size, local_rank=local, master_addr=addr, master_port=port)
+
+
+def started_layout(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(nodes, processes per node) that torchrun or srun started, as world_from_env finds them
+    (LOCAL_WORLD_SIZE; Slurm's tasks per node, `8(x2)`: the first node's); None outside both."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world, per_node = int(env["WORLD_SIZE"]), env.get("LOCAL_WORLD_SIZE")
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        world = int(env["SLURM_NTASKS"])
+        per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    else:
+        return None
+    digits = re.match(r"\d+", per_node or "")
+    local = min(max(int(digits.group()), 1), world) if digits else world
+    return -(-world // local), local
 
 
 def first_host(nodelist: str) -> str:

@@ -33,10 +33,11 @@ import torch
 
 from gptrain.checkpoint.agreement import rank_0s
 from gptrain.config import TrainingConfig
+from gptrain.config.yamlio import dump_config
 from gptrain.data.blend_spec import check_data_prefix
 from gptrain.errors import EXIT_REQUEUE, GptrainError, error_text, find_out_of_memory
 from gptrain.parallel.layout import STARTED, check_layout
-from gptrain.parallel.mesh import init_distributed, shutdown, world_from_env
+from gptrain.parallel.mesh import init_distributed, shutdown, started_layout, world_from_env
 from gptrain.parallel.parallelize import check_parallel_choices
 from gptrain.parallel.rng import stream_warnings
 from gptrain.train import builders as b
@@ -44,7 +45,7 @@ from gptrain.train import peer_loss, resuming, saving, step_loop, tokenizer_setu
 from gptrain.train.batches import loader_worker_died
 from gptrain.train.earlier_run import requeued_own_checkpoint
 from gptrain.train.memory_check import out_of_memory, start_warning
-from gptrain.train.results import RunLog, Scalars, write_run_files
+from gptrain.train.results import RunLog, Scalars, run_record, started_layout_note, write_run_files
 from gptrain.train.run_directory import claim_run_directory
 from gptrain.train.schedule import ScheduleSpec
 from gptrain.train.schedule_checks import following_this_config, names_in_config, run_schedule_warnings
@@ -68,6 +69,7 @@ def train(
     trainer.max_time counts from the command's start (signals.command_start)."""
     require_wandb(cfg)  # on every rank, before any of them starts
     world = world_from_env()
+    started = started_layout()  # what runs, where trainer.num_nodes x devices says otherwise
     # A layout the started processes cannot hold is one line before any rendezvous: with a peer
     # that never joins, the process group would wait for it instead.
     check_layout(cfg.model, world.world_size, cfg.trainer.devices, STARTED)
@@ -101,6 +103,8 @@ def train(
             f"exp_manager.resume_if_exists=false, but this is Slurm job {os.environ['SLURM_JOB_ID']} "
             f"requeued and {own} is its own checkpoint: resuming it"
         )
+    if note := started_layout_note(cfg, started):
+        run_lock.notes.append(note)
     logging_rank = b.is_logging_rank(cfg, world)
     log = RunLog(log_dir, world.rank, world.local_rank, echo=logging_rank)
     run_lock.log_notes(log)
@@ -117,7 +121,7 @@ def train(
             cfg
         )  # a wrong path fails now, not after the model is built
         if logging_rank and cfg.exp_manager.create_wandb_logger:
-            scalars.send_to_wandb(WandbRun.start(cfg))
+            scalars.send_to_wandb(WandbRun.start(cfg, run_record(cfg, started)))
         device = b.select_device(cfg, world)
         b.seed_everything(b.dropout_seed(cfg, world))
         tokenizer = tokenizer_setup.build_tokenizer(cfg)
@@ -164,7 +168,7 @@ def train(
         if cfg.model.optim.sched.from_checkpoint:  # the schedule the resume took, not the config's
             log_schedule_warnings(session, schedule_names, config_schedule)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
-            write_run_files(log_dir, cfg.to_yaml(), checkpoints=checkpoints)
+            write_run_files(log_dir, dump_config(run_record(cfg, started)), checkpoints=checkpoints)
         for line in b.megatron_start_lines(cfg, vocab, model_config, dp_size):
             session.log(line)
         for line in b.built_split_lines((train_data, valid_data, test_data)):

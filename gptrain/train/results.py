@@ -17,10 +17,13 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from gptrain.errors import os_error_text
 from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text
+
+if TYPE_CHECKING:
+    from gptrain.config import TrainingConfig
 
 # TensorBoard tags written by the training loop (the plot command reads these).
 TB_LM_LOSS = "lm loss"
@@ -57,6 +60,34 @@ def git_info(directory: Path) -> str:
         return "not a git checkout\n"
     changed = len(status.stdout.splitlines())
     return f"commit hash: {commit.stdout.strip()}\nmodified tracked files: {changed}\n"
+
+
+def started_layout_note(cfg: TrainingConfig, started: tuple[int, int] | None) -> str | None:
+    """trainer.num_nodes x trainer.devices that disagrees with the processes torchrun/srun started
+    (`started`: nodes, processes per node; Lightning refuses it): the run trains on those started,
+    its records take their layout (`run_record`), and this note says so. Not refused: README's
+    torchrun example runs 8 processes on a preset of 8 x 8."""
+    trainer = cfg.trainer
+    if started is None or started[0] * started[1] == trainer.num_nodes * trainer.devices:
+        return None
+    nodes, per_node = started
+    world = nodes * per_node
+    return (
+        f"note: trainer.num_nodes x trainer.devices = {trainer.num_nodes} x {trainer.devices} ="
+        f" {trainer.num_nodes * trainer.devices}, but {world} {'processes were' if world > 1 else 'process was'}"
+        f" started ({nodes} node{'s' if nodes > 1 else ''} x {per_node}): training runs on those, and"
+        f" hparams.yaml records trainer.num_nodes={nodes} trainer.devices={per_node}"
+    )
+
+
+def run_record(cfg: TrainingConfig, started: tuple[int, int] | None) -> dict[str, Any]:
+    """The config as the run's records keep it (hparams.yaml, W&B's config): with the layout that was
+    started where it differs from the configured one. trainer.devices itself stays as configured
+    for the run (hybrid_shard sizes its groups from it)."""
+    record = cfg.to_dict()
+    if started_layout_note(cfg, started):
+        record["trainer"]["num_nodes"], record["trainer"]["devices"] = started
+    return record
 
 
 def write_run_files(

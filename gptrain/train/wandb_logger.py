@@ -34,9 +34,10 @@ def require_wandb(cfg: TrainingConfig) -> None:
         )
 
 
-def init_kwargs(cfg: TrainingConfig) -> dict[str, Any]:
+def init_kwargs(cfg: TrainingConfig, record: dict[str, Any] | None = None) -> dict[str, Any]:
     """`wandb.init` arguments from wandb_logger_kwargs, with NeMo's defaults (name: run.name,
-    local files under explicit_log_dir) and the resolved config as the run's config."""
+    local files under explicit_log_dir) and the resolved config (`record`, as hparams.yaml keeps it)
+    as the run's config."""
     kw = cfg.exp_manager.wandb_logger_kwargs
     save_dir = kw.save_dir or cfg.exp_manager.explicit_log_dir
     args: dict[str, Any] = {
@@ -50,7 +51,7 @@ def init_kwargs(cfg: TrainingConfig) -> dict[str, Any]:
         "job_type": kw.job_type,
         "tags": kw.tags,
         "notes": kw.notes,
-        "config": cfg.to_dict(),
+        "config": cfg.to_dict() if record is None else record,
     }
     if kw.offline:
         args["mode"] = "offline"
@@ -74,11 +75,11 @@ class WandbRun:
         run.define_metric("*", step_metric=STEP_AXIS)
 
     @classmethod
-    def start(cls, cfg: TrainingConfig) -> WandbRun:
+    def start(cls, cfg: TrainingConfig, record: dict[str, Any] | None = None) -> WandbRun:
         require_wandb(cfg)
         import wandb
 
-        args = init_kwargs(cfg)
+        args = init_kwargs(cfg, record)
         os.makedirs(args["dir"], exist_ok=True)
         try:
             return cls(wandb.init(**args))
