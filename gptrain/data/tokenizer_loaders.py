@@ -174,6 +174,10 @@ def load_huggingface(model: str) -> Tokenizer:
         raise DataError(
             f"{file}: not a Hugging Face tokenizer.json ({error}){_megatron_hint(data)}"
         ) from None
+    # as transformers' tokenizer(text) (Megatron's call) encodes: a truncation or padding the file carries
+    # (BERT-style files often save max_length 512) would cut or pad every document
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
     # as AutoTokenizer (and so Megatron's HuggingFaceTokenizer) reads it: a literal special token's text
     # stays text (what gptrain's export of a legacy GPT-2 or a SentencePiece run writes)
     tokenizer.encode_special_tokens = config_value(file.parent, "split_special_tokens") is True
