@@ -178,6 +178,7 @@ def sentencepiece_version_notice(kind: str) -> str | None:
 def _run_prepare(args: argparse.Namespace) -> int:
     from gptrain.data.prepare import PrepareConfig, prepare
     from gptrain.data.tokenizer_fingerprint import renumbered_added_tokens_note
+    from gptrain.data.tokenizer_loaders import class_setting_note
     from gptrain.data.tokenizers import TokenizerSpec, canonical_type
     from gptrain.errors import ConfigError
 
@@ -199,6 +200,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
         kind, args.vocab_file, args.merge_file, args.tokenizer_model, options, args.legacy_tokenizer, null
     )
     if canonical_type(kind) == "huggingface" and (note := renumbered_added_tokens_note(spec.model)):
+        print(note, file=sys.stderr)
+    if canonical_type(kind) == "huggingface" and (note := class_setting_note(spec.model or "")):
         print(note, file=sys.stderr)
     config = PrepareConfig(
         inputs=args.input,

@@ -125,9 +125,59 @@ def special_token(directory: Path, key: str) -> tuple[str | None, Path]:
 
 
 SAME_IDS_SLOW_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizer")
-"""transformers' slow tokenizer classes that encode as the tokenizer.json gptrain reads: GPT-2's
+"""transformers' slow tokenizer classes that encode as gptrain reads the tokenizer.json: GPT-2's
 (the same byte-level BPE, split and <|endoftext|>: checked against transformers 4.46 on GPT-2's
-vocabulary), and PreTrainedTokenizerFast's, which has no slow class (AutoTokenizer loads it fast)."""
+vocabulary; like the fast class, it takes add_prefix_space from tokenizer_config.json, false when
+absent, which load_huggingface applies, so a tokenizer.json that disagrees is not read as it is),
+and PreTrainedTokenizerFast's, which has no slow class (AutoTokenizer loads it fast)."""
+
+BYTE_LEVEL_CLASSES = ("GPT2Tokenizer", "GPTNeoXTokenizer")
+"""tokenizer_config.json's tokenizer_class (with or without Fast) for which transformers 4 and 5 set
+the ByteLevel pre-tokenizer's add_prefix_space to that file's add_prefix_space, false when absent,
+whatever tokenizer.json says (PreTrainedTokenizerFast keeps tokenizer.json's: checked on 5.24)."""
+
+
+def _class_name(config: dict[str, Any]) -> str:
+    """tokenizer_config.json's tokenizer_class without its Fast ("" when it names none)."""
+    name = config.get("tokenizer_class")
+    return name.removesuffix("Fast") if isinstance(name, str) else ""
+
+
+def _apply_class_settings(tokenizer: Any, directory: Path) -> None:
+    """What AutoTokenizer's class does to tokenizer.json where transformers 4 and 5 agree:
+    add_prefix_space on a ByteLevel pre-tokenizer (BYTE_LEVEL_CLASSES), and GPTNeoXTokenizer's
+    post-processor rebuilt from add_bos_token/add_eos_token, which 5 reads as false (a template's
+    bos is dropped; class_setting_note names the keys 4 would honour)."""
+    from tokenizers import pre_tokenizers, processors
+
+    config = _json_object(directory / "tokenizer_config.json")
+    name = _class_name(config)
+    if name in BYTE_LEVEL_CLASSES and isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel):
+        tokenizer.pre_tokenizer.add_prefix_space = config.get("add_prefix_space") is True
+    if name == "GPTNeoXTokenizer":
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=True)
+
+
+def class_setting_note(model: str) -> str | None:
+    """One line where tokenizer_config.json's class would have transformers encode otherwise than
+    gptrain (as transformers 5.24 does) and the version Megatron runs decides: None elsewhere."""
+    path = Path(model)
+    if not (path.is_dir() or path.is_file()):
+        return None  # load_huggingface names it
+    file = path / "tokenizer_config.json" if path.is_dir() else path.parent / "tokenizer_config.json"
+    try:
+        config = _json_object(file)
+    except DataError:
+        return None  # load_huggingface names it
+    name = _class_name(config)
+    keys = [k for k in ("add_bos_token", "add_eos_token") if config.get(k) is True]
+    if name == "GPTNeoXTokenizer" and keys:
+        return (
+            f"note: {file}: {' and '.join(keys)} true with tokenizer_class {name}: transformers 5 (and "
+            "gptrain) adds no bos/eos for this class, transformers 4 adds them: if Megatron runs on 4, "
+            "its ids have them and these do not"
+        )
+    return None
 
 
 def slow_class_that_differs(model: str) -> str | None:
@@ -181,6 +231,7 @@ def load_huggingface(model: str) -> Tokenizer:
     # as AutoTokenizer (and so Megatron's HuggingFaceTokenizer) reads it: a literal special token's text
     # stays text (what gptrain's export of a legacy GPT-2 or a SentencePiece run writes)
     tokenizer.encode_special_tokens = config_value(file.parent, "split_special_tokens") is True
+    _apply_class_settings(tokenizer, file.parent)
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     eos, eos_file = special_token(file.parent, "eos_token")
     candidates = [eos] if eos else [c for c in EOS_CANDIDATES if c in vocab]

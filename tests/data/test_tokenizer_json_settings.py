@@ -31,3 +31,106 @@ def test_a_tokenizer_json_s_truncation_and_padding_do_not_reach_the_ids(gpt2_fil
     assert 8 < len(expected) < 256
     assert tokenizer.encode(TEXT) == expected
     assert tokenizer.encode_batch([TEXT, "short"]) == [expected, gpt2.encode("short")]
+
+
+def _byte_level_dir(directory, add_prefix_space, config, bos_template=False):
+    """A small ByteLevel BPE tokenizer.json (its pre-tokenizer's add_prefix_space as given, a
+    template putting <s> first if asked) with a tokenizer_config.json holding `config`."""
+    import json
+
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(["it's a test of the thing it's hello world"] * 20, trainer)
+    if bos_template:
+        tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    directory.mkdir()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", **config}))
+    return str(directory)
+
+
+@pytest.mark.parametrize(
+    ("file_prefix_space", "config", "bos_template"),
+    [
+        pytest.param(True, {"tokenizer_class": "GPT2Tokenizer"}, False, id="gpt2-class-default-false"),
+        pytest.param(
+            False, {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": True}, True, id="gpt2-config-true"
+        ),
+        pytest.param(
+            False, {"tokenizer_class": "GPT2TokenizerFast", "add_prefix_space": True}, False, id="gpt2-fast"
+        ),
+        pytest.param(True, {"tokenizer_class": "GPTNeoXTokenizer"}, False, id="neox-class-default-false"),
+        pytest.param(
+            False,
+            {"tokenizer_class": "GPTNeoXTokenizer", "add_prefix_space": True},
+            True,
+            id="neox-drops-bos",
+        ),
+        # controls: PreTrainedTokenizerFast (or no class) keeps the tokenizer.json's setting and template
+        pytest.param(
+            False, {"tokenizer_class": "PreTrainedTokenizerFast", "add_prefix_space": True}, True, id="fast"
+        ),
+        pytest.param(True, {"add_prefix_space": False}, False, id="no-class"),
+    ],
+)
+def test_tokenizer_config_s_add_prefix_space_and_class_rules_reach_the_ids(
+    tmp_path, file_prefix_space, config, bos_template
+):
+    """A tokenizer_config.json naming GPT2Tokenizer or GPTNeoXTokenizer had its add_prefix_space
+    (false when absent) and NeoX's bos rule ignored: the first token of every document differed
+    from transformers' (Megatron's HuggingFaceTokenizer); now the ids are AutoTokenizer's."""
+    transformers = pytest.importorskip("transformers")
+    directory = _byte_level_dir(tmp_path / "tok", file_prefix_space, config, bos_template)
+    reference = transformers.AutoTokenizer.from_pretrained(directory)
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", model=directory)
+    for text in ("it's a test", "hello world", " it's"):
+        assert tokenizer.encode(text) == reference(text).input_ids, text
+
+
+def test_neox_s_add_bos_token_which_transformers_4_honours_is_noted(tmp_path):
+    """GPTNeoXTokenizer with add_bos_token true: transformers 5 adds no bos (gptrain follows it),
+    4 adds one; prepare said nothing. Now one line names the file, the key and the difference."""
+    from gptrain.data.tokenizer_loaders import class_setting_note
+
+    transformers = pytest.importorskip("transformers")
+    config = {"tokenizer_class": "GPTNeoXTokenizer", "add_bos_token": True, "bos_token": "<s>"}
+    directory = _byte_level_dir(tmp_path / "neox", False, config, bos_template=True)
+    reference = transformers.AutoTokenizer.from_pretrained(directory)
+    assert (
+        build_tokenizer("HuggingFaceTokenizer", model=directory).encode("it's") == reference("it's").input_ids
+    )
+    note = class_setting_note(directory)
+    assert note is not None and "\n" not in note
+    assert str(tmp_path / "neox" / "tokenizer_config.json") in note and "add_bos_token" in note
+    assert "transformers 4" in note
+    gpt2 = _byte_level_dir(tmp_path / "gpt2", False, {**config, "tokenizer_class": "GPT2Tokenizer"})
+    assert class_setting_note(gpt2) is None
+
+
+def test_data_prepare_writes_transformers_ids_and_prints_the_note(tmp_path, capsys):
+    """`gptrain data prepare` with a GPTNeoXTokenizer directory wrote the template's bos and the
+    file's add_prefix_space without a word; now transformers 5's ids, and the note on stderr."""
+    import json
+
+    from gptrain.cli import main
+    from gptrain.data.indexed import IndexedDataset
+
+    transformers = pytest.importorskip("transformers")
+    config = {"tokenizer_class": "GPTNeoXTokenizer", "add_bos_token": True, "add_prefix_space": True}
+    directory = _byte_level_dir(tmp_path / "neox", False, {**config, "bos_token": "<s>"}, bos_template=True)
+    source = tmp_path / "docs.jsonl"
+    source.write_text(json.dumps({"text": "it's a test"}) + "\n")
+    prefix = tmp_path / "out" / "ds"
+    flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", directory, "--workers", "1"]
+    assert main(["data", "prepare", "--input", str(source), "--output-prefix", str(prefix), *flags]) == 0
+    assert "add_bos_token true with tokenizer_class GPTNeoXTokenizer" in capsys.readouterr().err
+    written = IndexedDataset(str(prefix) + "_text_document")[0].tolist()
+    assert written == transformers.AutoTokenizer.from_pretrained(directory)("it's a test").input_ids
