@@ -144,7 +144,10 @@ class CheckpointPruning:
                 "fail when the disk fills; free space"
             )
         if self.keep_last is not None:
-            free += sum(step_dir_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root))
+            steps = (self.root / step_dir_name(step) for step in complete_steps(self.root))
+            free += sum(
+                step_dir_bytes(path) for path in steps if not path.is_symlink()
+            )  # unlinking frees none
         if free >= count * checkpoint_bytes:
             return None
         if self.keep_last is None:

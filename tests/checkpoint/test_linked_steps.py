@@ -99,3 +99,25 @@ def test_a_removal_that_fails_says_so_in_one_line(tmp_path, monkeypatch, capsys)
     err = capsys.readouterr().err
     assert f"could not remove {run / 'step_1'} (" in err and "Permission denied" in err
     assert len([line for line in err.splitlines() if "could not remove" in line]) == 1
+
+
+def test_a_linked_steps_bytes_are_not_counted_as_space_retention_frees(tmp_path, monkeypatch):
+    """Unlinking frees nothing: a disk that holds the next checkpoints only with the target's bytes
+    counted in is warned about (it was not: the target counted as space retention would free)."""
+    import shutil
+    from collections import namedtuple
+
+    from gptrain.checkpoint.pruning import step_dir_bytes
+
+    other, _ = other_run(tmp_path)
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "step_2").symlink_to(other / "step_2")
+    manager = CheckpointManager(run, keep_last=1)
+    linked, count = step_dir_bytes(run / "step_2"), manager._on_disk_at_prune()
+    free = 1000 * linked
+    size = (free + linked // 2) // count  # count x size: more than free, less than free + linked
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: namedtuple("usage", "total used free")(0, 0, free))
+    warning = manager.space_warning(size)
+    manager.close()
+    assert warning is not None and f"need {count * size / 1e9:.1f} GB" in warning
