@@ -26,6 +26,7 @@ from gptrain.train.metrics import (
     tflops_per_gpu,
     tokens_per_second,
 )
+from gptrain.train.rampup import BatchRamp
 from gptrain.train.step import StepResult
 
 
@@ -48,16 +49,19 @@ class IntervalMeter:
     samples: int = 0
     last_batch: int | None = None  # global batch of the last step (ramp-up changes it)
     excluded_s: float = 0.0  # checkpoint saves and validation inside the interval
-    eta_origin: tuple[float, int] | None = None  # (time, iteration) of the process's first line
+    eta_origin: tuple[float, int] | None = None  # (time, consumed samples) at the process's first line
 
-    def eta_seconds(self, now: float, step: int, max_steps: int) -> float | None:
-        """Wall time to max_steps at the pace since the process's first line (its warm-up step
-        left out), validations and saves included: they are part of the time the run takes,
-        though not of the time per iteration."""
-        if self.eta_origin is None or step <= self.eta_origin[1]:
+    def eta_seconds(self, now: float, consumed: int, samples_left: int) -> float | None:
+        """Wall time to max_steps: the samples left at the time per sample since the process's first
+        line (its warm-up step left out), validations and saves included: they are part of the time
+        the run takes, though not of the time per iteration. Counted in samples, not steps: a batch
+        ramp-up's steps so far are smaller than those left (a step's work is its batch's share). The
+        mean since the first line rather than the last interval's: it holds the validations and saves
+        an interval may not, and does not swing with one slow interval."""
+        if self.eta_origin is None or consumed <= self.eta_origin[1]:
             return None
         began, first = self.eta_origin
-        return (max_steps - step) * (now - began) / (step - first)
+        return samples_left * (now - began) / (consumed - first)
 
     @contextmanager
     def excluded(self) -> Iterator[None]:
@@ -127,6 +131,12 @@ class RunShape:
     seq_length: int
     max_steps: int
     log_throughput: bool = True  # the line's throughput field (trainer.log_throughput)
+    ramp: BatchRamp | None = None  # model.rampup_batch_size (None: every step a global batch)
+
+    def samples_left(self, step: int, consumed_samples: int) -> int:
+        """The samples of the steps to max_steps, walked along the ramp from those consumed."""
+        ramp = self.ramp or BatchRamp(self.global_batch_size)
+        return ramp.samples_for(max(0, self.max_steps - step), after=consumed_samples)
 
 
 @dataclass
@@ -147,9 +157,9 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
     that many times too long; the later lines' ETA counts from it (IntervalMeter.eta_seconds).
     """
     now = time.perf_counter()
-    eta = meter.eta_seconds(now, step, run.max_steps)
+    eta = meter.eta_seconds(now, consumed_samples, run.samples_left(step, consumed_samples))
     if meter.eta_origin is None:
-        meter.eta_origin = (now, step)
+        meter.eta_origin = (now, consumed_samples)
     seconds = meter.seconds_per_iteration(now)
     share = meter.batch_share(run.global_batch_size)  # FLOPs and tokens scale with the ramp's batch
     batch = meter.last_batch or run.global_batch_size

@@ -56,13 +56,13 @@ class BatchRamp:
         per_increment = self.samples / increments
         return self.start + int(consumed_samples / per_increment) * self.increment
 
-    def samples_for(self, iterations: int) -> int:
-        """The samples `iterations` steps consume (the ramp's smaller batches first)."""
-        done = consumed = 0
+    def samples_for(self, iterations: int, after: int = 0) -> int:
+        """The samples `iterations` steps consume once `after` samples are (the ramp's smaller batches first)."""
+        done, consumed = 0, after
         while done < iterations and self.start is not None and consumed <= self.samples:
             consumed += self.at(consumed)
             done += 1
-        return consumed + (iterations - done) * self.global_batch_size
+        return consumed - after + (iterations - done) * self.global_batch_size
 
     def train_samples_for(self, iterations: int) -> int:
         """The --train-samples that trains exactly `iterations` steps under iterations_for's loop: that

@@ -86,10 +86,13 @@ class Session:
         m = self.cfg.model
         return m.global_batch_size // (m.micro_batch_size * self.dp_size)
 
-    def current_global_batch(self) -> int:
-        """Global batch of the coming step (smaller during a batch-size ramp-up)."""
+    def batch_ramp(self) -> BatchRamp:
+        """The global batch as a function of consumed samples (model.rampup_batch_size)."""
         m = self.cfg.model
-        ramp = BatchRamp.from_config(
+        return BatchRamp.from_config(
             m.rampup_batch_size, m.global_batch_size, m.micro_batch_size * self.dp_size
         )
-        return ramp.at(self.state.consumed_samples)
+
+    def current_global_batch(self) -> int:
+        """Global batch of the coming step (smaller during a batch-size ramp-up)."""
+        return self.batch_ramp().at(self.state.consumed_samples)

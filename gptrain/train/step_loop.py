@@ -290,6 +290,7 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
         seq_length=m.data.seq_length,
         max_steps=s.cfg.trainer.max_steps,
         log_throughput=s.cfg.trainer.log_throughput,
+        ramp=s.batch_ramp(),
     )
     report = interval_report(meter, s.state.step, s.state.consumed_samples, shape)
     if s.logging_rank:

@@ -286,3 +286,29 @@ def test_a_loss_of_zero_is_printed_as_megatron_prints_it():
     """Megatron prints every average that is >= 0.0, zero included."""
     line = format_iteration_line(sample_log(lm_loss=0.0), NOW)
     assert " global batch size:   256 | lm loss: 0.000000E+00 | loss scale: 1.0 |" in line
+
+
+def test_the_eta_of_a_batch_ramp_up_counts_the_samples_left_not_the_steps(monkeypatch):
+    """The ETA was the steps left times the mean time of the steps so far: during a batch ramp-up
+    those are small-batch steps and the steps left are mostly full ones (GPT-3 175B's ramp printed
+    3 hours left with 265 to go). It is now the samples left, walked along the ramp, at the time per
+    sample so far. Ramp [2, 2, 12] to 8: batches 2, 2, 4, 6, then 8; a step takes 0.5 s a sample."""
+    from gptrain.train import meter as meter_module
+    from gptrain.train.rampup import BatchRamp
+    from gptrain.train.step import StepResult
+
+    clock = [100.0]
+    monkeypatch.setattr(meter_module.time, "perf_counter", lambda: clock[0])
+    ramp = BatchRamp.from_config([2, 2, 12], 8, 2)
+    shape = meter_module.RunShape(1e12, None, 1, global_batch_size=8, seq_length=8, max_steps=10, ramp=ramp)
+    meter = meter_module.IntervalMeter(started=clock[0])
+    consumed, lines = 0, []
+    for step, batch in enumerate([2, 2, 4], start=1):
+        clock[0] += 0.5 * batch
+        consumed += batch
+        meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0, batch=batch)
+        if step in (1, 3):
+            lines.append(meter_module.interval_report(meter, step, consumed, shape).line)
+    assert "ETA" not in lines[0]  # the first line: the warm-up step alone
+    # 7 steps left, of 6 + 8 x 6 = 54 samples, at (1 + 2) s / (2 + 4) samples since the first line
+    assert lines[1].endswith(" ETA 00:00:27 |")
