@@ -312,3 +312,25 @@ def test_the_eta_of_a_batch_ramp_up_counts_the_samples_left_not_the_steps(monkey
     assert "ETA" not in lines[0]  # the first line: the warm-up step alone
     # 7 steps left, of 6 + 8 x 6 = 54 samples, at (1 + 2) s / (2 + 4) samples since the first line
     assert lines[1].endswith(" ETA 00:00:27 |")
+
+
+def test_a_ramp_up_step_is_charged_its_batchs_share_of_the_flops_and_tokens(monkeypatch):
+    """A ramp-up step of half the global batch does half a full step's work: TFLOP/s, MFU and tokens/s
+    count that half (no test failed with IntervalMeter.batch_share returning 1). Global batch 4, steps
+    of 2 samples taking 2 s each, 6e12 FLOPs a full step on 3 ranks of a 2 TFLOP/s peak, sequence 8:
+    3e12 / 2 s / 3 = 0.5 TFLOP/s/GPU, MFU 25%, 2 x 8 / 2 s = 8 tokens/s."""
+    from gptrain.train import meter as meter_module
+    from gptrain.train.step import StepResult
+
+    clock = [100.0]
+    monkeypatch.setattr(meter_module.time, "perf_counter", lambda: clock[0])
+    shape = meter_module.RunShape(6e12, 2.0, world_size=3, global_batch_size=4, seq_length=8, max_steps=10)
+    meter = meter_module.IntervalMeter(started=clock[0])
+    for _ in range(2):
+        clock[0] += 2.0
+        meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0, batch=2)
+    report = meter_module.interval_report(meter, 2, 4, shape)
+    assert "throughput per GPU (TFLOP/s/GPU): 0.5 |" in report.line and " MFU: 25.0% |" in report.line
+    assert report.by_step["TFLOP/s/GPU"] == pytest.approx(0.5)
+    assert report.by_step["throughput"] == pytest.approx(0.5)
+    assert report.by_step["tokens per second"] == pytest.approx(8.0)
