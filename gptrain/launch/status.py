@@ -11,12 +11,9 @@ from gptrain.launch.record_state import job_state
 from gptrain.launch.records import read_records
 from gptrain.launch.run_dirs import latest_jobs, log_files
 from gptrain.launch.stragglers import stragglers_for
-from gptrain.train.logline import SKIPPED, measured_loss
+from gptrain.train.logline import PROCESS_START, SKIPPED, measured_loss
 from gptrain.utils.progress import format_duration
 
-# the training process's first line (gptrain.train.loop): each requeue of a job prints it again;
-# `srun --label` (cluster.srun_args, as the Megatron tutorial's srun -l) puts the task id before it
-PROCESS_START = re.compile(r"^(?:\s*\d+: )?gptrain: [\d,]+ parameters \|")
 ITERATION = re.compile(
     r"iteration\s+(?P<step>\d+)/\s*(?P<max>\d+) \|.*?"
     r"elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|(?:.*?lm loss: (?P<loss>[\d.Ee+-]+) \|)?"

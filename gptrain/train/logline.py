@@ -7,10 +7,14 @@ Our own additions (MFU, ETA) are appended after the Megatron fields.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
 SKIPPED = "number of skipped iterations"
+# a training process's first line (gptrain.train.loop): each requeue of a job prints it again;
+# `srun --label` (cluster.srun_args, as the Megatron tutorial's srun -l) puts the task id before it
+PROCESS_START = re.compile(r"^(?:\s*\d+: )?gptrain: [\d,]+ parameters \|")
 
 
 @dataclass

@@ -147,6 +147,7 @@ class IntervalReport:
     line: str
     by_step: dict[str, float | None]
     vs_samples: dict[str, float | None]
+    warm_up: bool = False  # the process's first line: its first step alone, warm-up included
 
 
 def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run: RunShape) -> IntervalReport:
@@ -157,6 +158,7 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
     that many times too long; the later lines' ETA counts from it (IntervalMeter.eta_seconds).
     """
     now = time.perf_counter()
+    warm_up = meter.eta_origin is None
     eta = meter.eta_seconds(now, consumed_samples, run.samples_left(step, consumed_samples))
     if meter.eta_origin is None:
         meter.eta_origin = (now, consumed_samples)
@@ -206,7 +208,9 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
         }
     )
     meter.reset(time.perf_counter())
-    return IntervalReport(line=line, by_step={**gptrain_tags, **by_step}, vs_samples=by_samples)
+    return IntervalReport(
+        line=line, by_step={**gptrain_tags, **by_step}, vs_samples=by_samples, warm_up=warm_up
+    )
 
 
 # The tags an interval's timing sets: a printed line's only, also where each iteration's own values
@@ -220,6 +224,15 @@ TIMING_TAGS = frozenset(
 def timing_only(by_step: dict[str, float | None]) -> dict[str, float | None]:
     """An interval's timing scalars, without its mean loss and last rates (iteration_scalars has those)."""
     return {tag: value for tag, value in by_step.items() if tag in TIMING_TAGS}
+
+
+def dashboard_by_step(report: IntervalReport) -> dict[str, float | None]:
+    """The line's scalars for TensorBoard and W&B: the first line of a process without its timing, which
+    is the warm-up's (compilation: hundreds of times a step), a spike after every restart that sets the
+    charts' scale. Megatron writes no iteration-time for its first iteration either."""
+    if not report.warm_up:
+        return report.by_step
+    return {tag: value for tag, value in report.by_step.items() if tag not in TIMING_TAGS}
 
 
 def iteration_scalars(

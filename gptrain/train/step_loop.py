@@ -17,7 +17,14 @@ from gptrain.train import eval_splits, saving, stopping
 from gptrain.train.batches import GPTBatchDataset, build_loader, raise_if_a_worker_died, shut_down_workers
 from gptrain.train.builders import log_memory
 from gptrain.train.evaluation import EvaluationStopped, StopCheck
-from gptrain.train.meter import IntervalMeter, RunShape, interval_report, iteration_scalars, timing_only
+from gptrain.train.meter import (
+    IntervalMeter,
+    RunShape,
+    dashboard_by_step,
+    interval_report,
+    iteration_scalars,
+    timing_only,
+)
 from gptrain.train.overlap import StepRunner, can_run_ahead
 from gptrain.train.results import forget_test_done
 from gptrain.train.session import Session
@@ -295,10 +302,11 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
     report = interval_report(meter, s.state.step, s.state.consumed_samples, shape)
     if s.logging_rank:
         s.log(report.line)
+    by_step = dashboard_by_step(report)
     if scalars_every(s) is not None:  # the values went to the dashboards by iteration: the timing only
-        s.scalars.add(timing_only(report.by_step), s.state.step)
+        s.scalars.add(timing_only(by_step), s.state.step)
         return
-    s.scalars.add(report.by_step, s.state.step)
+    s.scalars.add(by_step, s.state.step)
     s.scalars.add_vs_samples(report.vs_samples, s.state.consumed_samples, s.state.step)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptrain.errors import DataError
-from gptrain.train.logline import SKIPPED, measured_loss
+from gptrain.train.logline import PROCESS_START, SKIPPED, measured_loss
 from gptrain.utils.atomic import atomic_write_bytes
 from gptrain.utils.paths import look_up
 
@@ -27,6 +27,10 @@ LEARNING_RATE = "learning rate"
 STEP_TIME = "elapsed time per iteration (ms)"
 THROUGHPUT = "throughput per GPU (TFLOP/s/GPU)"
 PLOTTED = (LOSS, LEARNING_RATE, STEP_TIME, THROUGHPUT)
+# A process's first iteration line is its first step alone, compilation and warm-up included (hundreds of
+# times a step): its time and throughput are no point of the curves, a spike after every restart that
+# set the chart's scale. Its loss is.
+WARM_UP_FIELDS = (STEP_TIME, THROUGHPUT)
 
 # The last iteration marker of a line: a line torn by a kill (a full disk, SIGKILL) has the resumed
 # attempt's first line appended to it, and only that one is whole.
@@ -105,14 +109,21 @@ def _training_fields(text: str) -> dict[str, float]:
 def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> RunMetrics:
     """Add the numbers of Megatron iteration and validation lines in `lines` to `metrics`."""
     metrics = metrics if metrics is not None else RunMetrics()
+    warm_up = False  # the next iteration line is a process's first (gptrain's banner came before it)
     for line in lines:
         if match := _ITERATION.match(line):  # anchored: the leading .* scans a line once
             step = int(match.group(1))
             if metrics.last_step is not None and step < metrics.last_step:  # equal: a line read twice
                 metrics.resume_at(step)
             metrics.last_step = step
-            for name, value in _training_fields(match.group(2)).items():
+            fields = _training_fields(match.group(2))
+            for name in WARM_UP_FIELDS if warm_up else ():
+                fields.pop(name, None)
+            warm_up = False
+            for name, value in fields.items():
                 metrics.train.setdefault(name, {})[step] = value
+        elif PROCESS_START.match(line):
+            warm_up = True
         elif (match := _VALIDATION.search(line)) and match.group(2) in (None, "validation"):
             step = int(match.group(1))
             for name, value in _fields(match.group(3)):
@@ -215,6 +226,8 @@ def read_tensorboard(run_dir: Path) -> RunMetrics:
         part = RunMetrics()  # one events file per process: an attempt of the run
         for (name, valid), points in _tensorboard_series(accumulator).items():
             (part.valid if valid else part.train).setdefault(name, {}).update(points)
+        for name in WARM_UP_FIELDS:  # a process's first step: gptrain wrote its timing before it left it out
+            part.train.get(name, {}).pop(part.first_step(), None)
         parts.append(part)
     return merge_attempts(parts)
 

@@ -20,6 +20,7 @@ from gptrain.trained.curves import (
     THROUGHPUT,
     parse_log_lines,
     read_run_metrics,
+    read_tensorboard,
     write_plots,
 )
 from gptrain.trained.plot import add_plot_parser
@@ -256,7 +257,8 @@ def test_a_series_the_logs_lack_is_taken_from_the_events(tmp_path: Path) -> None
         scalars.add({"TFLOP/s/GPU": 12.0 + step, "lm loss": 7.0, "iteration-time": 0.5}, step)
     scalars.close()
     metrics = read_run_metrics(tmp_path)
-    assert metrics.series(THROUGHPUT) == ([1, 2, 3, 4], [13.0, 14.0, 15.0, 16.0])
+    # not at 1: an events file is a process's, and its first step's timing is the warm-up's
+    assert metrics.series(THROUGHPUT) == ([2, 3, 4], [14.0, 15.0, 16.0])
     assert metrics.series(LOSS) == ([1, 2, 3, 4], [2.0] * 4)  # the logs', not the events'
     assert metrics.series(STEP_TIME) == ([1, 2, 3, 4], [10.0] * 4)
 
@@ -1370,3 +1372,29 @@ def test_a_negative_or_nan_temperature_is_refused_also_with_greedy(tmp_path: Pat
         argv = ["generate", str(tmp_path / "no-run"), "--prompt", "x", "--greedy"]
         with pytest.raises(ConfigError, match=rf"^temperature={shown} must be finite and >= 0"):
             run_subcommand(add_generate_parser, [*argv, "--temperature", temperature])
+
+
+def test_a_processs_first_step_time_is_no_point_of_the_curves(tmp_path: Path) -> None:
+    """A process's first iteration line is its first step alone, compilation and warm-up included
+    (72 s against 0.4 s on CPU with model.compile): `gptrain plot` drew it as a step time, a spike after
+    every restart that set the chart's scale. Its time and throughput are left out, from the line after
+    gptrain's banner and from an events file's first step; its loss is kept."""
+    banner = (
+        "gptrain: 1,234 parameters | 1.140e+07 FLOPs per iteration | 1 microbatch per step | results in x"
+    )
+    lines = [banner, megatron_iteration_line(1, 8, 5.0, 1e-4, 71613.5, 0.1)]
+    lines += [megatron_iteration_line(it, 8, 5.0 - it / 10, 1e-4, 375.0, 2.0) for it in (4, 8)]
+    lines += ["0: " + banner, megatron_iteration_line(5, 8, 4.6, 1e-4, 16786.6, 0.1)]  # resumed at 4, srun -l
+    lines += [megatron_iteration_line(8, 8, 4.3, 1e-4, 570.0, 2.0)]
+    metrics = parse_log_lines(lines)
+    assert metrics.series(STEP_TIME) == ([4, 8], [375.0, 570.0])
+    assert metrics.series(THROUGHPUT) == ([4, 8], [2.0, 2.0])
+    assert metrics.series(LOSS) == ([1, 4, 5, 8], [5.0, 4.6, 4.6, 4.3])
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))  # as gptrain wrote it before: the first line's timing too
+    for step, seconds in ((1, 71.6), (4, 0.375), (8, 0.5)):
+        writer.add_scalar("lm loss", 5.0, step)
+        writer.add_scalar("iteration-time", seconds, step)
+    writer.close()
+    assert read_tensorboard(tmp_path).series(STEP_TIME) == ([4, 8], [375.0, 500.0])
