@@ -5,7 +5,12 @@ Pure bookkeeping: it knows nothing of the loop, which prints the line and writes
 Like Megatron, the loss is averaged over the iterations that updated the model since
 the previous line, and the skipped/nan counts in the line are per interval. An interval with no
 update still has a loss point on the dashboards (Megatron writes every logged iteration's own loss,
-skipped or not): the mean of its iterations' losses.
+skipped or not): the mean of its iterations' losses. The first line of a process (its first step
+alone), where it is not on the logging interval, is a peek, as Megatron's: the next line's loss and
+counts go back to the process's start. Its time does not: Megatron's does, the warm-up in the next
+line's time per iteration; gptrain's leaves it out. A first line on the interval (log_every_n_steps=1)
+is an ordinary one: Megatron's newest does not reset there either, so its next line averages two
+iterations; its older ones, which print no first line, reset there as gptrain does.
 """
 
 from __future__ import annotations
@@ -112,10 +117,15 @@ class IntervalMeter:
             return 1.0
         return self.samples / (self.iterations * global_batch_size)
 
-    def reset(self, now: float) -> None:
+    def reset(self, now: float, timing_only: bool = False) -> None:
+        """Start the next interval; `timing_only`: its time (a process's first line: the loss and
+        counts carry on to the next line, as Megatron's first line resets none of its own)."""
         self.samples = 0
-        self.started, self.iterations, self.updated, self.loss_sum = now, 0, 0, 0.0
+        self.started, self.iterations = now, 0
         self.excluded_s = 0.0
+        if timing_only:
+            return
+        self.updated, self.loss_sum = 0, 0.0
         self.skipped = self.nans = 0
         self.skipped_loss_sum = 0.0
 
@@ -132,6 +142,7 @@ class RunShape:
     max_steps: int
     log_throughput: bool = True  # the line's throughput field (trainer.log_throughput)
     ramp: BatchRamp | None = None  # model.rampup_batch_size (None: every step a global batch)
+    log_every_n_steps: int = 1  # the lines on this interval end one; a process's first line off it is a peek
 
     def samples_left(self, step: int, consumed_samples: int) -> int:
         """The samples of the steps to max_steps, walked along the ramp from those consumed."""
@@ -207,7 +218,8 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
             "consumed": consumed_samples,
         }
     )
-    meter.reset(time.perf_counter())
+    peek = warm_up and step % run.log_every_n_steps != 0  # as Megatron's first line off --log-interval
+    meter.reset(time.perf_counter(), timing_only=peek)
     return IntervalReport(
         line=line, by_step={**gptrain_tags, **by_step}, vs_samples=by_samples, warm_up=warm_up
     )

@@ -298,6 +298,7 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
         max_steps=s.cfg.trainer.max_steps,
         log_throughput=s.cfg.trainer.log_throughput,
         ramp=s.batch_ramp(),
+        log_every_n_steps=s.cfg.trainer.log_every_n_steps,
     )
     report = interval_report(meter, s.state.step, s.state.consumed_samples, shape)
     if s.logging_rank:

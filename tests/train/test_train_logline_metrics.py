@@ -334,3 +334,43 @@ def test_a_ramp_up_step_is_charged_its_batchs_share_of_the_flops_and_tokens(monk
     assert report.by_step["TFLOP/s/GPU"] == pytest.approx(0.5)
     assert report.by_step["throughput"] == pytest.approx(0.5)
     assert report.by_step["tokens per second"] == pytest.approx(8.0)
+
+
+def test_the_first_line_of_a_process_does_not_end_its_loss_interval_as_megatrons(monkeypatch):
+    """Megatron's first line of a process is a peek: its next line averages the loss and counts the
+    skipped and nan iterations over every iteration since the process began. gptrain's reset them
+    there, so the line after a resume averaged other iterations than Megatron's (iteration 8 alone
+    where Megatron's averaged 7 and 8). Its time per iteration still leaves the warm-up out. A first
+    line on the interval (log_every_n_steps=1) is an ordinary one: the next line is its iteration's."""
+    from gptrain.train import meter as meter_module
+    from gptrain.train.step import StepResult
+
+    clock = [100.0]
+    monkeypatch.setattr(meter_module.time, "perf_counter", lambda: clock[0])
+
+    def lines(log_every, results):  # a process resumed at 4, its first step 25 s, the next 1 s each
+        shape = meter_module.RunShape(1e12, None, 1, 1, 8, max_steps=100, log_every_n_steps=log_every)
+        meter = meter_module.IntervalMeter(start_step=4, started=clock[0])
+        printed = []
+        for step, result in enumerate(results, start=5):
+            clock[0] += 25.0 if step == 5 else 1.0
+            meter.add(result, lr=1e-3, scale=1.0)
+            if step == 5 or step % log_every == 0:
+                printed.append(meter_module.interval_report(meter, step, step, shape))
+        return printed
+
+    def updated(loss):
+        return StepResult(loss=loss, grad_norm=1.0, updated=True)
+
+    first, second, third = lines(3, [updated(6.0), updated(3.0), updated(2.0), updated(2.0), updated(2.0)])
+    assert " lm loss: 6.000000E+00 |" in first.line
+    assert " elapsed time per iteration (ms): 1000.0 |" in second.line  # iteration 6 alone: 1 s
+    assert " lm loss: 4.500000E+00 |" in second.line and second.by_step["lm loss"] == 4.5  # (6 + 3) / 2
+    assert " lm loss: 2.000000E+00 |" in third.line  # the line at 6 ended its interval: 7 to 9
+    # a first step skipped (an fp16 overflow at a resume): counted in the next line too, as Megatron's
+    skipped = StepResult(loss=float("nan"), updated=False, nonfinite=True)
+    first, second = lines(3, [skipped, updated(3.0)])
+    assert " number of skipped iterations:   1 | number of nan iterations:   1 |" in first.line
+    assert " number of skipped iterations:   1 | number of nan iterations:   1 |" in second.line
+    first, second = lines(1, [updated(6.0), updated(3.0)])  # every line on the interval
+    assert " lm loss: 3.000000E+00 |" in second.line
