@@ -74,7 +74,9 @@ def dashboard_scalars(
 
 
 def evaluation_scalars(loss: float, split: str) -> dict[str, float]:
-    """Megatron's `lm loss validation` (and ppl) or `lm loss test`, NeMo's `val_loss`/`test_loss`."""
+    """Megatron's `lm loss validation` (and ppl), NeMo's `val_loss`; for the test split gptrain's own
+    `lm loss test` (and ppl), named as Megatron's (which writes its test loss onto `lm loss validation`),
+    and NeMo's `test_loss`."""
     import math
 
     name = "validation" if split == "valid" else "test"
