@@ -80,6 +80,8 @@ def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable)
     if not plain.exists() or plain == raw:
         raw = download(shard, raw, *retry_settings(cfg))
         plain = extract(raw, keep=bool(cfg.get("keep_compressed"))) if cfg.get("extract", True) else raw
+        if plain != raw and not cfg.get("keep_extracted", True):
+            extracted_mark(plain).touch()  # this stage's to remove once tokenized, in this task or a rerun
     prefix.parent.mkdir(parents=True, exist_ok=True)
     command = tokenize_command(cfg, plain, tokenize_prefix(cfg, shard), python)
     print("gptrain: " + " ".join(command), file=sys.stderr, flush=True)
@@ -89,11 +91,25 @@ def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable)
     return prefix
 
 
+def extracted_mark(plain: Path) -> Path:
+    """The empty file beside a shard's text that says the stage extracted it to remove: only such text
+    is removed, never a file a user placed (or an earlier run kept) under the same name."""
+    return plain.with_name(plain.name + ".gptrain-extracted")
+
+
 def remove_extracted(cfg: dict[str, Any], raw: Path, plain: Path) -> None:
     """Remove the text the stage extracted from a shard's archive, once tokenized (NeMo's rm_extracted:
-    about 28 GB a Pile shard), unless keep_extracted; a shard given as plain text is never removed."""
-    if plain != raw and cfg.get("extract", True) and not cfg.get("keep_extracted", True):
-        plain.unlink(missing_ok=True)
+    about 28 GB a Pile shard), unless keep_extracted; text the stage did not extract is never removed."""
+    mark = extracted_mark(plain)
+    if plain == raw or cfg.get("keep_extracted", True) or not mark.exists():
+        return
+    plain.unlink(missing_ok=True)
+    mark.unlink(missing_ok=True)
+    print(
+        f"gptrain: removed {plain}, extracted from {raw.name} and tokenized "
+        "(data_preparation.keep_extracted=true keeps it)",
+        file=sys.stderr,
+    )
 
 
 def load_stage_config(path: str) -> dict[str, Any]:

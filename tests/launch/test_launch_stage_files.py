@@ -138,8 +138,32 @@ def test_an_extracted_shard_left_by_a_task_ended_after_tokenizing_is_removed_on_
     """The task ended (a time limit, a kill) between the tokenizing and the removal."""
     from gptrain.launch.download import prepare_shard
 
+    from gptrain.launch.download import extracted_mark
+
     cfg = stage(tmp_path, gz_shard(tmp_path).as_uri(), keep_extracted=False)
     prepare_shard(cfg, 0)
-    (tmp_path / "raw" / "00.jsonl").write_bytes(PAYLOAD)
+    plain = tmp_path / "raw" / "00.jsonl"
+    plain.write_bytes(PAYLOAD)  # as the ended task left it: the text and the stage's mark beside it
+    extracted_mark(plain).touch()
     prepare_shard(cfg, 0)
-    assert not (tmp_path / "raw" / "00.jsonl").exists() and len(tokenizing["inputs"]) == 1
+    assert sorted((tmp_path / "raw").iterdir()) == [] and len(tokenizing["inputs"]) == 1
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["first-run", "rerun"])
+def test_text_the_stage_did_not_extract_is_never_removed(tmp_path, tokenizing, prepared):
+    """A shard's text a user decompressed by hand into download_dir, or one an earlier run kept
+    (keep_extracted=true, or a gptrain before the key), under the archive's name without its suffix:
+    the removal took it on the first run and on a rerun over a prepared shard (review X)."""
+    from gptrain.launch.download import prepare_shard
+
+    cfg = stage(tmp_path, gz_shard(tmp_path).as_uri(), keep_extracted=prepared)
+    if prepared:
+        prefix = prepare_shard(cfg, 0)  # kept: keep_extracted=true
+        cfg["keep_extracted"] = False
+    else:
+        (tmp_path / "raw").mkdir()
+        (tmp_path / "raw" / "00.jsonl").write_bytes(PAYLOAD)
+    prefix = prepare_shard(cfg, 0)
+    assert os.path.exists(f"{prefix}.bin") and len(tokenizing["inputs"]) == 1
+    assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["00.jsonl"]
+    assert (tmp_path / "raw" / "00.jsonl").read_bytes() == PAYLOAD
