@@ -136,9 +136,7 @@ def test_an_extracted_shard_left_by_a_task_ended_after_tokenizing_is_removed_on_
     tmp_path, tokenizing
 ):
     """The task ended (a time limit, a kill) between the tokenizing and the removal."""
-    from gptrain.launch.download import prepare_shard
-
-    from gptrain.launch.download import extracted_mark
+    from gptrain.launch.download import extracted_mark, prepare_shard
 
     cfg = stage(tmp_path, gz_shard(tmp_path).as_uri(), keep_extracted=False)
     prepare_shard(cfg, 0)
