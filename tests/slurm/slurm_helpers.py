@@ -62,8 +62,10 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
 def wait_for(
     job_id: str, states: tuple[str, ...], timeout: float, reason: str | None = None
 ) -> dict[str, str]:
-    """Poll scontrol until the job is in one of `states` (and has `reason`, if given)."""
-    deadline = time.monotonic() + timeout
+    """Poll scontrol until the job is in one of `states` (and has `reason`, if given). The wait is
+    3 x `timeout` (set for one test at a time): under the suite's two workers another file's jobs may
+    hold the local Slurm's two nodes first."""
+    deadline = time.monotonic() + 3 * timeout
     fields: dict[str, str] = {}
     while time.monotonic() < deadline:
         fields = job_fields(job_id)
