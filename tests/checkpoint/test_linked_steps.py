@@ -24,11 +24,17 @@ def other_run(tmp_path, steps=(2,)):
     return other, {step: sorted(p.name for p in (other / f"step_{step}").iterdir()) for step in steps}
 
 
-def test_retention_unlinks_a_linked_step_and_leaves_its_target_whole(tmp_path):
-    other, files = other_run(tmp_path)
+def run_linking(tmp_path, other, step):
+    """This run's checkpoints directory, whose step_<step> is a symlink to the other run's."""
     run = tmp_path / "run" / "checkpoints"
     run.mkdir(parents=True)
-    (run / "step_2").symlink_to(other / "step_2")
+    (run / f"step_{step}").symlink_to(other / f"step_{step}")
+    return run
+
+
+def test_retention_unlinks_a_linked_step_and_leaves_its_target_whole(tmp_path):
+    other, files = other_run(tmp_path)
+    run = run_linking(tmp_path, other, 2)
     lines = []
     manager = CheckpointManager(run, keep_last=1, on_saved=lambda report: lines.append(report.describe()))
     save(manager, 4)
@@ -45,9 +51,7 @@ def test_retention_unlinks_a_linked_step_and_leaves_its_target_whole(tmp_path):
 def test_a_linked_torn_step_loses_only_the_link(tmp_path):
     other, files = other_run(tmp_path)
     (other / "step_2" / COMPLETE).unlink()  # torn there, as the other run's own cleanup may find it
-    run = tmp_path / "run" / "checkpoints"
-    run.mkdir(parents=True)
-    (run / "step_2").symlink_to(other / "step_2")
+    run = run_linking(tmp_path, other, 2)
     manager = CheckpointManager(run, keep_last=-1)
     save(manager, 4)
     manager.close()
@@ -57,9 +61,7 @@ def test_a_linked_torn_step_loses_only_the_link(tmp_path):
 
 def test_a_save_over_a_linked_step_writes_its_own_and_leaves_the_target_whole(tmp_path, capsys):
     other, files = other_run(tmp_path, steps=(4,))
-    run = tmp_path / "run" / "checkpoints"
-    run.mkdir(parents=True)
-    (run / "step_4").symlink_to(other / "step_4")
+    run = run_linking(tmp_path, other, 4)
     manager = CheckpointManager(run, keep_last=-1)
     save(manager, 4)
     manager.close()
@@ -75,9 +77,7 @@ def test_a_save_over_a_linked_step_writes_its_own_and_leaves_the_target_whole(tm
 def test_the_loss_a_stop_left_due_is_not_written_into_a_linked_step(tmp_path):
     other, _ = other_run(tmp_path)
     marker = (other / "step_2" / COMPLETE).read_text()
-    run = tmp_path / "run" / "checkpoints"
-    run.mkdir(parents=True)
-    (run / "step_2").symlink_to(other / "step_2")
+    run = run_linking(tmp_path, other, 2)
     manager = CheckpointManager(run, keep_last=-1)
     manager.load_newest_good(lambda saved: {"model": {"w": torch.zeros(2)}}, lambda state: None, print)
     assert manager.resumed == run / "step_2"
@@ -110,9 +110,7 @@ def test_a_linked_steps_bytes_are_not_counted_as_space_retention_frees(tmp_path,
     from gptrain.checkpoint.pruning import step_dir_bytes
 
     other, _ = other_run(tmp_path)
-    run = tmp_path / "run" / "checkpoints"
-    run.mkdir(parents=True)
-    (run / "step_2").symlink_to(other / "step_2")
+    run = run_linking(tmp_path, other, 2)
     manager = CheckpointManager(run, keep_last=1)
     linked, count = step_dir_bytes(run / "step_2"), manager._on_disk_at_prune()
     free = 1000 * linked
