@@ -41,6 +41,8 @@ PAD_TOKEN_ID = -1
 INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
 # Documents per step while building the sample index: bounds the temporaries (~40 B each).
 _INDEX_CHUNK = 1 << 18
+# Sample rows per step within those documents: long documents hold many rows each (~24 B a row).
+_ROW_CHUNK = 1 << 18
 # Index entries per step while hashing or checking the documents of a split (8 MB of int64).
 _HASH_CHUNK = 1 << 20
 _MD5_HEX = re.compile(r"[0-9a-f]{32}")
@@ -166,8 +168,9 @@ def build_sample_index(
     Sample j-1 covers flat tokens [(j-1)*s, j*s + extra); row j names the document holding
     that sample's last token (flat position j*s + extra - 1) with offset j*s minus the
     document's flat start: the rows Megatron's walk produces, also when a sample ends
-    exactly at a document's end. Rows are counted per document (`repeat`), not searched,
-    a chunk of documents at a time, so memory beyond the output stays bounded.
+    exactly at a document's end. Each row's document is found by its count of rows so far,
+    a chunk of documents and a chunk of rows at a time, so memory beyond the output stays
+    bounded also when a few book-length documents hold most of the rows.
     `num_epochs` is implied by document_index; it stays for parity with Megatron's helper.
     """
     sequence_lengths = np.asarray(sequence_lengths)
@@ -188,12 +191,14 @@ def build_sample_index(
         ends += start
         starts = ends - lengths
         rows_upto = (ends - extra) // seq_length + 1
-        rows = np.diff(rows_upto, prepend=first_row)
-        lo, hi = max(first_row, 1), min(int(rows_upto[-1]), count + 1)
-        if lo < hi:
-            position = np.repeat(np.arange(len(lengths)), rows)[lo - first_row : hi - first_row]
+        last = min(int(rows_upto[-1]), count + 1)
+        for lo in range(max(first_row, 1), last, _ROW_CHUNK):
+            hi = min(lo + _ROW_CHUNK, last)
+            row = np.arange(lo, hi, dtype=np.int64)
+            # document k of the chunk holds rows [rows_upto[k-1], rows_upto[k])
+            position = np.searchsorted(rows_upto, row, side="right")
             sample_index[lo:hi, 0] = position + a
-            sample_index[lo:hi, 1] = np.arange(lo, hi, dtype=np.int64) * seq_length - starts[position]
+            sample_index[lo:hi, 1] = row * seq_length - starts[position]
         start, first_row = int(ends[-1]), int(rows_upto[-1])
     return sample_index
 

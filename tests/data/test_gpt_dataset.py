@@ -57,9 +57,11 @@ def test_items_of_three_documents_by_hand():
 
 
 @pytest.mark.parametrize("chunk", [1 << 18, 3])  # documents per step of the build
+@pytest.mark.parametrize("row_chunk", [1 << 18, 2])  # sample rows per step within them
 @pytest.mark.parametrize("extra", [1, 0])
-def test_sample_index_equals_slow_walk(extra, chunk, monkeypatch):
+def test_sample_index_equals_slow_walk(extra, chunk, row_chunk, monkeypatch):
     monkeypatch.setattr(gpt_dataset, "_INDEX_CHUNK", chunk)
+    monkeypatch.setattr(gpt_dataset, "_ROW_CHUNK", row_chunk)
     rng = np.random.default_rng(3)
     for trial in range(60):
         lengths = rng.integers(
@@ -94,6 +96,25 @@ def test_index_build_needs_little_beyond_its_output(monkeypatch):
         tracemalloc.stop()
     output = sum(a.nbytes for a in arrays)
     assert len(arrays[0]) == 6 * len(documents) and peak < 1.2 * output, (peak, output)
+
+
+def test_sample_index_of_long_documents_needs_little_beyond_its_output():
+    """Book-length documents put millions of rows in one chunk of documents: counting them out
+    with a repeat over the chunk held three int64 temporaries per row (about 4x the output)."""
+    import tracemalloc
+
+    lengths = np.full(2000, 500_000, dtype=np.int32)
+    tracemalloc.start()
+    try:
+        rows = build_sample_index(lengths, np.arange(2000, dtype=np.int32), 256, 1, 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    count = (2000 * 500_000 - 1) // 256
+    assert len(rows) == count + 1 and rows[-1].tolist() == [1999, count * 256 - 1999 * 500_000]
+    # row j's document holds flat token j * 256: 1953 * 256 = 499,968 is document 0's, 500,224 not
+    assert rows[1953].tolist() == [0, 1953 * 256] and rows[1954].tolist() == [1, 1954 * 256 - 500_000]
+    assert peak < 1.4 * rows.nbytes, (peak, rows.nbytes)
 
 
 def test_epochs_and_final_epoch_separation_by_hand():
