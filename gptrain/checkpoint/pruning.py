@@ -38,21 +38,35 @@ class CheckpointPruning:
         would otherwise wait for in the next collective.
 
         A step that is a symlink (to another run's step directory) loses the link alone, here: nothing
-        through it is touched, its target's COMPLETE above all (that run would then remove it as torn)."""
+        through it is touched, its target's COMPLETE above all (that run would then remove it as torn).
+        One to another step of this run (`step_6 -> step_2`) keeps its target while the link stays
+        (else the kept checkpoint dangles: review X F2); where both go, the link's line says so."""
+        links = self._links_within()
+        removals, torn = self._removals(saved), self._torn_before(saved)
+        going = {step_dir_name(step) for step in [r.step for r in removals] + torn}
+        kept = {target for link, target in links.items() if link not in going}
+        removals = [r for r in removals if step_dir_name(r.step) not in kept]
+        torn = [step for step in torn if step_dir_name(step) not in kept]
+        with_target = {link: target for link, target in links.items() if target in going - kept}
         removed = []
-        for removal in self._removals(saved):
+        for removal in removals:
             path = self.root / step_dir_name(removal.step)
             if not path.is_symlink():
                 removed.append(removal)
             elif (target := _unlink_saying_why_not(path)) is not None:
-                removed.append(dataclasses.replace(removal, link=target))
+                removed.append(
+                    dataclasses.replace(removal, link=target, target_removed=with_target.get(path.name))
+                )
         doomed = []
-        for step in self._torn_before(saved):
+        for step in torn:
             path = self.root / step_dir_name(step)
             if not path.is_symlink():
                 doomed.append(path)
             elif (target := _unlink_saying_why_not(path)) is not None:
-                print(f"gptrain: {unlinked_text(path, target, 'incomplete')}", file=sys.stderr)
+                print(
+                    f"gptrain: {unlinked_text(path, target, 'incomplete', with_target.get(path.name))}",
+                    file=sys.stderr,
+                )
         doomed += [self.root / step_dir_name(removal.step) for removal in removed if removal.link is None]
         for path in doomed:
             (path / COMPLETE).unlink(missing_ok=True)
@@ -75,6 +89,22 @@ class CheckpointPruning:
         if self.monitor is None:
             return None
         return recorded_metric(self.root / step_dir_name(step), self.monitor)
+
+    def _links_within(self) -> dict[str, str]:
+        """{name of a step symlink: name of the step directory of this run it resolves to}, for the
+        links under `root` whose target is one of its own steps (a link into another run: none)."""
+        links = {}
+        root = self.root.resolve()
+        for entry in self.root.iterdir():
+            if not (STEP_DIR.match(entry.name) and entry.is_symlink()):
+                continue
+            try:
+                target = entry.resolve()
+            except (OSError, RuntimeError):  # a loop of links: nothing of the run's behind it
+                continue
+            if target.parent == root and STEP_DIR.match(target.name) and target.name != entry.name:
+                links[entry.name] = target.name
+        return links
 
     def _torn_before(self, saved: int) -> list[int]:
         """Steps older than `saved` whose save died half way. A file under a step's name is no save of the
@@ -174,7 +204,11 @@ class CheckpointPruning:
         return self.keep_last + (1 if newest_among_best else 2)
 
 
-def unlinked_text(path: Path, target: str, why: str) -> str:
+def unlinked_text(path: Path, target: str, why: str, target_removed: str | None = None) -> str:
+    """The line of a removed step symlink; `target_removed`: the name of the run's own step directory it
+    pointed at, where that is removed as well."""
+    if target_removed is not None:
+        return f"unlinked {path.name} ({why}; a symlink to {target}, this run's {target_removed}, which is removed as well)"
     return f"unlinked {path.name} ({why}; a symlink to {target}: its target was left alone)"
 
 

@@ -39,7 +39,9 @@ class Removal:
     step: int
     reason: str
     link: str | None = None
-    """Where the step was a symlink: its target, left alone (only the link was removed)."""
+    """Where the step was a symlink: its target (only the link was removed)."""
+    target_removed: str | None = None
+    """Where that target is another step directory of the run that this prune removes too: its name."""
 
 
 def recorded_metric(step_dir: Path, monitor: str) -> float | None:

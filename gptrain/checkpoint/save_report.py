@@ -51,7 +51,8 @@ class SaveReport:
             if removal.link is None:
                 line += f"; removed {step_dir_name(removal.step)} ({removal.reason})"
             else:
-                line += f"; {unlinked_text(Path(step_dir_name(removal.step)), removal.link, removal.reason)}"
+                path = Path(step_dir_name(removal.step))
+                line += f"; {unlinked_text(path, removal.link, removal.reason, removal.target_removed)}"
         return line
 
 

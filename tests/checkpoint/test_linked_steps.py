@@ -119,3 +119,67 @@ def test_a_linked_steps_bytes_are_not_counted_as_space_retention_frees(tmp_path,
     warning = manager.space_warning(size)
     manager.close()
     assert warning is not None and f"need {count * size / 1e9:.1f} GB" in warning
+
+
+def run_linking_within(tmp_path, link, target, keep_last):
+    """This run's checkpoints directory, whose step_<link> is a symlink to its own step_<target>
+    (`ln -s step_2 step_6`), and a manager keeping `keep_last`, its save lines collected in `lines`."""
+    run = tmp_path / "checkpoints"
+    manager = CheckpointManager(run, keep_last=-1)
+    save(manager, target)
+    manager.close()
+    (run / f"step_{link}").symlink_to(f"step_{target}")
+    lines = []
+    manager = CheckpointManager(
+        run, keep_last=keep_last, on_saved=lambda report: lines.append(report.describe())
+    )
+    return run, manager, lines
+
+
+def test_a_kept_link_keeps_its_target_in_the_same_run(tmp_path):
+    """keep_last=2 keeps the link step_6 among the newest: its target step_2 stays with it (it was
+    removed, leaving the kept checkpoint dangling: review X F2)."""
+    run, manager, lines = run_linking_within(tmp_path, 6, 2, keep_last=2)
+    save(manager, 8)
+    manager.close()
+    assert (run / "step_6").is_symlink() and verify(run / "step_6", checksums=True) is None
+    assert complete_steps(run) == [2, 6, 8]
+    assert "removed" not in lines[0] and "unlinked" not in lines[0]
+
+
+def test_a_link_removed_with_its_target_in_the_same_run_says_so(tmp_path):
+    run, manager, lines = run_linking_within(tmp_path, 6, 2, keep_last=1)
+    save(manager, 8)
+    manager.close()
+    assert not (run / "step_6").is_symlink() and not (run / "step_2").exists()
+    assert complete_steps(run) == [8]
+    assert "left alone" not in lines[0]
+    assert lines[0].endswith(
+        "; removed step_2 (not among the 1 newest); unlinked step_6 (not among the 1 newest; a symlink to "
+        "step_2, this run's step_2, which is removed as well)"
+    )
+
+
+def test_a_torn_link_removed_with_its_torn_target_in_the_same_run_says_so(tmp_path, capsys):
+    run, manager, _ = run_linking_within(tmp_path, 6, 2, keep_last=-1)
+    (run / "step_2" / COMPLETE).unlink()
+    save(manager, 8)
+    manager.close()
+    assert not (run / "step_6").is_symlink() and not (run / "step_2").exists()
+    err = capsys.readouterr().err
+    assert "left alone" not in err
+    assert (
+        "unlinked step_6 (incomplete; a symlink to step_2, this run's step_2, which is removed as well)"
+        in err
+    )
+
+
+def test_a_link_unlinked_beside_a_kept_link_to_the_same_target_says_it_was_left_alone(tmp_path):
+    run, manager, lines = run_linking_within(tmp_path, 6, 2, keep_last=2)
+    (run / "step_5").symlink_to("step_2")
+    save(manager, 8)
+    manager.close()
+    assert not (run / "step_5").is_symlink() and complete_steps(run) == [2, 6, 8]
+    assert lines[0].endswith(
+        "; unlinked step_5 (not among the 2 newest; a symlink to step_2: its target was left alone)"
+    )
