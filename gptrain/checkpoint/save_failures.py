@@ -11,6 +11,7 @@ from pathlib import Path
 from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError, on_rank, root_cause
 from gptrain.checkpoint.integrity import COMPLETE, is_complete
 from gptrain.checkpoint.save_manifest import saving_world_size
+from gptrain.errors import os_error_text
 
 NOT_SHARED, WRITE_FAILED, UPDATE_FAILED = "not shared", "write failed", "update failed"
 """Why rank 0 could not mark a synchronous save complete, as every rank learns it (CheckpointManager._finish)."""
@@ -20,15 +21,37 @@ MARK_WAIT_S = 5.0
 
 
 def write_failed(root: Path, path: Path, error: BaseException) -> CheckpointWriteError:
-    """Remove the partial step directory `path`; earlier checkpoints and `latest` stay as they were."""
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove the partial step directory `path`; earlier checkpoints and `latest` stay as they were.
+    The line says whether the directory went, after the write's own error."""
+    not_removed = _remove_partial(path)
     if isinstance(error, CheckpointNotSharedError):  # its line says what to do: no disk to free
         return CheckpointNotSharedError(str(error))
+    partial = (
+        "the partial directory was removed and"
+        if not_removed is None
+        else f"the partial directory could not be removed ({not_removed}): remove it by hand;"
+    )
     return CheckpointWriteError(
         f"checkpoint {path} could not be written ({on_rank(error, saving_world_size())}"
-        f"{root_cause(error)}); the partial directory was "
-        f"removed and earlier checkpoints are unchanged: free space or fix permissions under {root}"
+        f"{root_cause(error)}); {partial} earlier checkpoints are unchanged: free space or fix "
+        f"permissions under {root}"
     )
+
+
+def _remove_partial(path: Path) -> str | None:
+    """None once `path` is gone (removed here, or by another rank sharing it), else why it is not.
+    The first pass goes on past errors (another rank removing the same files); a second, where the
+    directory remains, names what stops its removal."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:  # gone meanwhile, by another rank
+        return None
+    except OSError as error:
+        return os_error_text(error, path)
+    return None
 
 
 def update_failed(root: Path, path: Path, error: BaseException) -> CheckpointWriteError:

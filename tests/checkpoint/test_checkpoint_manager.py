@@ -617,6 +617,40 @@ def test_a_full_disk_is_named_as_such(tmp_path, monkeypatch, async_save):
     assert not (tmp_path / "step_1").exists()
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_partial_directory_that_could_not_be_removed_is_said_to_remain(tmp_path, monkeypatch, async_save):
+    """The line said "the partial directory was removed" whatever its removal did (ignore_errors):
+    it says the directory remains, and why, beside the write's own error."""
+    import errno
+    import os
+
+    from gptrain.checkpoint import direct_io
+    from gptrain.checkpoint.errors import CheckpointWriteError
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def refuse(path, *args, **kwargs):  # as a directory not ours to write to, even to root
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(direct_io.SyncedFile, "write", full)
+    monkeypatch.setattr(os, "rmdir", refuse)  # shutil.rmtree's last call, on the emptied directory
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save, direct_io=False)
+    with pytest.raises(CheckpointWriteError) as caught:
+        manager.save(1, {"model": {"w": torch.zeros(256, 256)}}, {})
+        manager.wait()
+    message = str(caught.value)
+    assert (tmp_path / "step_1").is_dir()
+    assert message.startswith(
+        f"checkpoint {tmp_path / 'step_1'} could not be written (OSError: [Errno 28] No space"
+    )
+    assert (
+        f"; the partial directory could not be removed ({tmp_path / 'step_1'}: Permission denied): remove it by "
+        "hand; earlier checkpoints are unchanged" in message
+    )
+    assert "was removed" not in message
+
+
 def test_space_warning_counts_existing_checkpoints_only_where_retention_removes_them(tmp_path, monkeypatch):
     """save_top_k=-1 (gptrain megatron's default) removes no checkpoint: a resumed run's existing ones
     were counted as free space, so a disk that holds one more checkpoint, not two, was not warned of."""
