@@ -90,20 +90,36 @@ def world_from_env(env: Mapping[str, str] | None = None) -> World:
     return World(rank=rank, world_size=size, local_rank=local, master_addr=addr, master_port=port)
 
 
-def started_layout(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
-    """(nodes, processes per node) that torchrun or srun started, as world_from_env finds them
-    (LOCAL_WORLD_SIZE; Slurm's tasks per node, `8(x2)`: the first node's); None outside both."""
+def started_layout(env: Mapping[str, str] | None = None) -> tuple[int, ...] | None:
+    """The processes torchrun or srun started on each node, as world_from_env finds them; None
+    outside both. Slurm's tasks per node (`8(x2),4`: 8 on each of two nodes, then 4) where they add up
+    to SLURM_NTASKS; else the count per node asked (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, the
+    first of Slurm's) on each node and the rest on the last (WORLD_SIZE=12 LOCAL_WORLD_SIZE=8: 8, 4)."""
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
         world, per_node = int(env["WORLD_SIZE"]), env.get("LOCAL_WORLD_SIZE")
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         world = int(env["SLURM_NTASKS"])
+        counts = slurm_tasks_per_node(env.get("SLURM_TASKS_PER_NODE", ""))
+        if counts is not None and sum(counts) == world:
+            return counts
         per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     else:
         return None
     digits = re.match(r"\d+", per_node or "")
     local = min(max(int(digits.group()), 1), world) if digits else world
-    return -(-world // local), local
+    return (local,) * (world // local) + ((world % local,) if world % local else ())
+
+
+def slurm_tasks_per_node(text: str) -> tuple[int, ...] | None:
+    """Slurm's compressed count per node (`8(x2),4` -> 8, 8, 4); None where `text` is not one."""
+    counts: list[int] = []
+    for item in text.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if match is None:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return tuple(counts)
 
 
 def first_host(nodelist: str) -> str:

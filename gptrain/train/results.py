@@ -62,31 +62,46 @@ def git_info(directory: Path) -> str:
     return f"commit hash: {commit.stdout.strip()}\nmodified tracked files: {changed}\n"
 
 
-def started_layout_note(cfg: TrainingConfig, started: tuple[int, int] | None) -> str | None:
-    """trainer.num_nodes x trainer.devices that disagrees with the processes torchrun/srun started
-    (`started`: nodes, processes per node; Lightning refuses it): the run trains on those started,
-    its records take their layout (`run_record`), and this note says so. Not refused: README's
-    torchrun example runs 8 processes on a preset of 8 x 8."""
+def started_layout_note(cfg: TrainingConfig, started: tuple[int, ...] | None) -> str | None:
+    """trainer.num_nodes x trainer.devices that disagrees with the number of processes torchrun/srun
+    started (`started`: the count on each node; Lightning refuses it): the run trains on those
+    started, its records take their layout (`run_record`), and this note says so. Not refused:
+    README's torchrun example runs 8 processes on a preset of 8 x 8."""
     trainer = cfg.trainer
-    if started is None or started[0] * started[1] == trainer.num_nodes * trainer.devices:
+    configured = trainer.num_nodes * trainer.devices
+    if started is None or sum(started) == configured:
         return None
-    nodes, per_node = started
-    world = nodes * per_node
+    world, nodes = sum(started), len(started)
+    recorded_nodes, recorded_devices = recorded_layout(started)
+    if len(set(started)) == 1:
+        layout = f"{nodes} node{'s' if nodes > 1 else ''} x {started[0]}"
+        recorded = ""
+    else:  # no nodes x devices holds it: the world stays true in the record
+        layout = f"{nodes} nodes: {' + '.join(str(count) for count in started)}"
+        recorded = " (an uneven layout, as one node of them all)"
     return (
         f"note: trainer.num_nodes x trainer.devices = {trainer.num_nodes} x {trainer.devices} ="
-        f" {trainer.num_nodes * trainer.devices}, but {world} {'processes were' if world > 1 else 'process was'}"
-        f" started ({nodes} node{'s' if nodes > 1 else ''} x {per_node}): training runs on those, and"
-        f" hparams.yaml records trainer.num_nodes={nodes} trainer.devices={per_node}"
+        f" {configured}, but {world} {'processes were' if world > 1 else 'process was'}"
+        f" started ({layout}): training runs on those, and hparams.yaml records"
+        f" trainer.num_nodes={recorded_nodes} trainer.devices={recorded_devices}{recorded}"
     )
 
 
-def run_record(cfg: TrainingConfig, started: tuple[int, int] | None) -> dict[str, Any]:
+def recorded_layout(started: tuple[int, ...]) -> tuple[int, int]:
+    """(trainer.num_nodes, trainer.devices) that the records give processes started as `started`:
+    nodes x their count where every node runs as many, else one node of them all."""
+    if len(set(started)) == 1:
+        return len(started), started[0]
+    return 1, sum(started)
+
+
+def run_record(cfg: TrainingConfig, started: tuple[int, ...] | None) -> dict[str, Any]:
     """The config as the run's records keep it (hparams.yaml, W&B's config): with the layout that was
-    started where it differs from the configured one. trainer.devices itself stays as configured
-    for the run (hybrid_shard sizes its groups from it)."""
+    started where its number of processes differs from the configured one. trainer.devices itself
+    stays as configured for the run (hybrid_shard sizes its groups from it)."""
     record = cfg.to_dict()
-    if started_layout_note(cfg, started):
-        record["trainer"]["num_nodes"], record["trainer"]["devices"] = started
+    if started is not None and started_layout_note(cfg, started):
+        record["trainer"]["num_nodes"], record["trainer"]["devices"] = recorded_layout(started)
     return record
 
 
