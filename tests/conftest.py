@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from gloo_ranks import free_port
 from hypothesis import settings
 
 # CI (any machine that sets CI, as CI services do) draws the same examples every run, so a red run
@@ -198,13 +199,10 @@ def corpus_writer():
 @pytest.fixture
 def torchrun():
     """torchrun(n): the command line that starts n local processes on a free port (append '-m', ...)."""
-    import socket
     import sys
 
     def command(processes: int) -> list[str]:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         return [
             sys.executable,
             "-m",

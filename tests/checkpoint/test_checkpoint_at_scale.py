@@ -3,7 +3,6 @@ step directory stat'ed once between the ranks, no listing for a size no one logs
 removed off the training's path, and no socket to every peer for background saves."""
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from gptrain.checkpoint.integrity import COMPLETE, complete_record, complete_ste
 from gptrain.checkpoint.manager import CheckpointManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from gloo_ranks import free_port
 from train_e2e_helpers import MOCK, run_recording, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -197,9 +197,7 @@ def test_old_checkpoints_are_removed_off_the_training_path(tmp_path, monkeypatch
 def test_background_saves_do_not_connect_every_rank_to_every_other(tmp_path):
     """A full-mesh gloo group holds world + 3 descriptors in every process (EMFILE at ~1,000 ranks
     under nofile=1024). Lazily connected, only the coordinator (rank 0) reaches every rank."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     worker = Path(__file__).with_name("gloo_fds_worker.py")
     done = subprocess.run(
         [sys.executable, str(worker), str(port)], capture_output=True, text=True, timeout=120, check=False

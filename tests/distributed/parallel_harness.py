@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gloo_ranks import free_port
+
 WORKER = Path(__file__).with_name("parallel_worker.py")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _env(rank: int, world_size: int, port: int) -> dict[str, str]:

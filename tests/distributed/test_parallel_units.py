@@ -6,13 +6,13 @@ from __future__ import annotations
 import copy
 import math
 import re
-import socket
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from gloo_ranks import free_port
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptrain.config import TrainingConfig
@@ -237,9 +237,7 @@ def test_global_grad_norm_and_clipping_match_hand_computation() -> None:
 
 @pytest.fixture
 def one_process_group():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield dist.group.WORLD
     dist.destroy_process_group()

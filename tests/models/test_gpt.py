@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from gloo_ranks import free_port
 
 from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
@@ -368,7 +369,6 @@ def test_tensor_parallel_shards_init_and_forward_like_the_whole_model(tmp_path):
     """Column/row-sharded q/k/v/o and MLP (2 ranks, gloo): same weights from init_weights, same logits."""
     import json
     import os
-    import socket
     import subprocess
     import sys
 
@@ -376,9 +376,7 @@ def test_tensor_parallel_shards_init_and_forward_like_the_whole_model(tmp_path):
     config["num_query_groups"] = 2  # 2 local query heads and 1 local kv head per rank
     script = tmp_path / "tp_worker.py"
     script.write_text(TP_WORKER)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = dict(
         os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from gloo_ranks import free_port
 
 from gptrain.models.config import GPTConfig
 from gptrain.plan.memory import estimate_rank
@@ -200,14 +201,11 @@ def test_a_rank_with_fewer_layers_than_chunks_still_rebuilds_a_block(blocks: int
 def one_rank_mesh():
     """A CPU device mesh over a gloo group of one: FSDP2 still gathers each block into unsharded
     parameters in its param_dtype, as over any shard group."""
-    import socket
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield init_device_mesh("cpu", (1,))
     dist.destroy_process_group()

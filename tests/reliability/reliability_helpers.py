@@ -6,11 +6,12 @@ import contextlib
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from gloo_ranks import free_port
 
 TINY = [
     "trainer.accelerator=cpu",
@@ -51,12 +52,6 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON_GPTRAIN = [sys.executable, "-m", "gptrain"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_ranks(

@@ -6,11 +6,11 @@ is read back from W&B's own offline file (tests/train/wandb_records.py)."""
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 
 import pytest
+from gloo_ranks import free_port
 from train_e2e_helpers import MOCK, run_recording, tiny_config
 from wandb_records import offline_only, offline_runs, read_offline_run
 
@@ -110,9 +110,7 @@ def test_the_cli_and_the_training_loop_do_not_import_wandb(tmp_path):
 def test_only_the_logging_rank_logs_to_wandb(tmp_path, monkeypatch):
     offline_only(monkeypatch, tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}"]
     flags = [
         *TINY_MEGATRON,

@@ -119,14 +119,6 @@ def max_relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / a.abs().max())
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # One fp32 CPU step on mock data, nothing but the checkpoint written (a run continued from an import).
 TRAIN_ONE_STEP = [
     "trainer.accelerator=cpu",

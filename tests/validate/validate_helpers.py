@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from gloo_ranks import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["--max-bytes", "4K", "--iters", "2", "--warmup", "1", "--pair-bytes", "16K", "--timeout", "60"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def end(procs: list[subprocess.Popen]) -> None:
