@@ -134,7 +134,13 @@ class CheckpointPruning:
                 file=sys.stderr,
             )
             return None
-        if not path.is_dir() and (path.exists() or path.is_symlink()):
+        if path.is_symlink() and not path.exists():  # kept: its target may sit on a filesystem not mounted here
+            return (
+                f"checkpoint {path} cannot be saved: it is a symlink to {os.readlink(path)}, which does not "
+                f"exist (is its filesystem mounted on this node?); remove the link or restore its target, "
+                f"then run the same command again"
+            )
+        if not path.is_dir() and path.exists():
             return (
                 f"checkpoint {path} cannot be saved: a file of that name is in the way; move it out of "
                 f"{self.root}, then run the same command again (it resumes from the newest complete checkpoint)"

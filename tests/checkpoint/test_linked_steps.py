@@ -4,8 +4,10 @@ a save over the same step remove the link, never anything through it (review C25
 
 import os
 
+import pytest
 import torch
 
+from gptrain.checkpoint.errors import CheckpointWriteError
 from gptrain.checkpoint.integrity import COMPLETE, complete_steps, verify
 from gptrain.checkpoint.manager import CheckpointManager
 
@@ -183,3 +185,20 @@ def test_a_link_unlinked_beside_a_kept_link_to_the_same_target_says_it_was_left_
     assert lines[0].endswith(
         "; unlinked step_5 (not among the 2 newest; a symlink to step_2: its target was left alone)"
     )
+
+
+def test_a_save_over_a_dangling_step_link_names_the_link_and_keeps_it(tmp_path):
+    """A step symlink whose target is gone (another run's retention, or a filesystem not mounted on this
+    node) stops the save naming the link and its target: it was told "a file of that name is in the way"."""
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "step_4").symlink_to(tmp_path / "unmounted" / "step_4")
+    manager = CheckpointManager(run, keep_last=-1)
+    with pytest.raises(CheckpointWriteError) as raised:
+        save(manager, 4)
+    assert str(raised.value) == (
+        f"checkpoint {run / 'step_4'} cannot be saved: it is a symlink to {tmp_path / 'unmounted' / 'step_4'}, "
+        "which does not exist (is its filesystem mounted on this node?); remove the link or restore its "
+        "target, then run the same command again"
+    )
+    assert (run / "step_4").is_symlink()
