@@ -134,7 +134,8 @@ class CheckpointPruning:
                 file=sys.stderr,
             )
             return None
-        if path.is_symlink() and not path.exists():  # kept: its target may sit on a filesystem not mounted here
+        # a dangling link stays: its target may sit on a filesystem not mounted on this node
+        if path.is_symlink() and not path.exists():
             return (
                 f"checkpoint {path} cannot be saved: it is a symlink to {os.readlink(path)}, which does not "
                 f"exist (is its filesystem mounted on this node?); remove the link or restore its target, "
