@@ -38,22 +38,6 @@ def check_fp8_device(device: torch.device) -> None:
         )
 
 
-def check_fp8_collectives(recipe: str, tp: int, sequence_parallel: bool, device: torch.device) -> None:
-    """Raise ConfigError where tensorwise FP8 would all-gather float8 tensors over gloo.
-
-    Under sequence parallelism torchao's float8 styles gather the sublayer inputs as float8 (and
-    their gradients in the backward); gloo, the backend of CPU tensors (model.fp8_emulate), has no
-    float8 types and stopped the first step with torch's 'Invalid scalar type' traceback on every rank.
-    """
-    if recipe == "tensorwise" and tp > 1 and sequence_parallel and device.type != "cuda":
-        raise ConfigError(
-            f"model.fp8_recipe=tensorwise with model.tensor_model_parallel_size={tp} and "
-            "model.sequence_parallel=true all-gathers float8 tensors, which the CPU's gloo backend "
-            f"cannot (this run is on {device.type}): set model.fp8_recipe=rowwise or "
-            "model.sequence_parallel=false here, or run it on GPUs"
-        )
-
-
 # Block linears split by output columns under TP (their local out_features is out / TP); the
 # others (wo, w2) are split by input rows.
 COLUMN_SPLIT = ("wq", "wk", "wv", "w1", "w3")

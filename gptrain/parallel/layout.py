@@ -7,6 +7,7 @@ Imports no torch, so `gptrain train` and the launcher can call it on a login nod
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from gptrain.config.normalize import data_parallel_sharding
@@ -65,6 +66,66 @@ def check_layout(
     dp_shard = _check_sharding(model, dims, devices_per_node)
     _check_activation_checkpointing(model)
     return ParallelDims(world_size=world_size, tp=tp, pp=pp, vpp=dims.vpp, dp_shard=dp_shard)
+
+
+# torch releases whose compiled backward of a checkpointed TP block asserts (checked 2026-11-28: 2.12.0,
+# 2.12.1 and 2.13.0 fail; 2.11.0 and 2.14.1 run it, and 2.15.0 ran the same case before).
+TORCH_FAILING_COMPILE_UNDER_TP_RECOMPUTE = ("2.12.", "2.13.")
+
+
+@functools.cache
+def installed_torch_version() -> str:
+    """The installed torch's version from its package metadata, without importing torch ("" if none)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return ""
+
+
+def check_device_choices(model: Any, device_type: str, torch_version: str | None = None) -> None:
+    """The layout's refusals that depend on the device type ("cuda" or "cpu") or on torch's version
+    (None: the installed one's), without torch: training runs them before any process group starts
+    (gptrain.parallel.parallelize.check_parallel_choices), the planner on every layout it ranks."""
+    tp = model.tensor_model_parallel_size
+    if model.fp8:
+        check_fp8_collectives(model.fp8_recipe, tp, model.sequence_parallel, device_type)
+    if model.compile:
+        check_compile_under_tp_recompute(tp, model.activations_checkpoint_granularity, torch_version)
+
+
+def check_fp8_collectives(recipe: str, tp: int, sequence_parallel: bool, device_type: str) -> None:
+    """Raise ConfigError where tensorwise FP8 would all-gather float8 tensors over gloo.
+
+    Under sequence parallelism torchao's float8 styles gather the sublayer inputs as float8 (and
+    their gradients in the backward); gloo, the backend of CPU tensors (model.fp8_emulate), has no
+    float8 types and stopped the first step with torch's 'Invalid scalar type' traceback on every rank.
+    """
+    if recipe == "tensorwise" and tp > 1 and sequence_parallel and device_type != "cuda":
+        raise ConfigError(
+            f"model.fp8_recipe=tensorwise with model.tensor_model_parallel_size={tp} and "
+            "model.sequence_parallel=true all-gathers float8 tensors, which the CPU's gloo backend "
+            f"cannot (this run is on {device_type}): set model.fp8_recipe=rowwise or "
+            "model.sequence_parallel=false here, or run it on GPUs"
+        )
+
+
+def check_compile_under_tp_recompute(tp: int, recompute: str | None, version: str | None = None) -> None:
+    """torch 2.12's and 2.13's compiled backward asserts on a DeviceMesh among the tensors a
+    checkpointed tensor-parallel block saves (`expected all tensors_saved_with_vc_check to be
+    Tensors`), on any device (plain torch: tests/distributed/tp_recompute_compile_worker.py).
+    Said before the model is built, not as that traceback. `version`: None reads the installed one."""
+    if tp == 1 or recompute is None:
+        return
+    version = installed_torch_version() if version is None else version
+    if version.startswith(TORCH_FAILING_COMPILE_UNDER_TP_RECOMPUTE):
+        raise ConfigError(
+            f"model.compile=true with model.tensor_model_parallel_size={tp} and "
+            f"model.activations_checkpoint_granularity={recompute} fails in torch {version} (torch's own "
+            "assertion in the compiled backward; torch 2.11, 2.14 and later run it): upgrade torch, or set "
+            "model.compile=false or model.activations_checkpoint_granularity=null"
+        )
 
 
 def _world_message(world_size: int, tp: int, pp: int, ranks: str) -> str:

@@ -21,12 +21,12 @@ from torch import nn
 from gptrain.config.normalize import data_parallel_sharding
 from gptrain.errors import ConfigError
 from gptrain.models.gpt import separate_projections
+from gptrain.parallel import layout as layout_checks
 from gptrain.parallel.activation_checkpoint import apply_ac
 from gptrain.parallel.compile import BLOCKS, BLOCKS_AND_LOSS, apply_compile, compile_scope
 from gptrain.parallel.data_parallel import GradAllReduce, apply_ddp, apply_fsdp, mixed_precision_policy
 from gptrain.parallel.float8 import (
     apply_fp8,
-    check_fp8_collectives,
     check_fp8_device,
     gathers_float8,
     refresh_float8_scales,
@@ -92,17 +92,13 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
     return ParallelGPT(parts, ctx)
 
 
-def check_parallel_choices(cfg: Any) -> None:
-    """The layout's checks that depend on this torch or on the device type (check_layout, which
-    imports no torch, has the rest), for the loop to run before any process group starts;
-    `parallelize` runs them again where it applies each choice."""
-    m = cfg.model
-    tp = m.tensor_model_parallel_size
-    if m.fp8:
-        device = torch.device("cuda" if cfg.trainer.resolved_accelerator() == "gpu" else "cpu")
-        check_fp8_collectives(m.fp8_recipe, tp, m.sequence_parallel, device)
-    if m.compile:
-        check_compile_under_tp_recompute(tp, m.activations_checkpoint_granularity)
+def check_parallel_choices(cfg: Any, torch_version: str = torch.__version__) -> None:
+    """The layout's checks that depend on this torch or on the device type (check_layout has the
+    rest), for the loop to run before any process group starts; `parallelize` runs them again where
+    it applies each choice. Both live without torch in gptrain.parallel.layout, where the planner
+    runs them on every layout it ranks."""
+    device_type = "cuda" if cfg.trainer.resolved_accelerator() == "gpu" else "cpu"
+    layout_checks.check_device_choices(cfg.model, device_type, torch_version)
 
 
 def _check_vocab(model: nn.Module, tp: int) -> None:
@@ -148,7 +144,7 @@ def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> No
     if m.fp8:  # before TP, which then shards the Float8Linear weights with torchao's float8 styles
         if not m.fp8_emulate:
             check_fp8_device(ctx.device)
-        check_fp8_collectives(m.fp8_recipe, ctx.dims.tp, m.sequence_parallel, ctx.device)
+        layout_checks.check_fp8_collectives(m.fp8_recipe, ctx.dims.tp, m.sequence_parallel, ctx.device.type)
         fsdp = ctx.dims.dp > 1 and bool(ctx.dims.dp_shard)
         gather = gathers_float8(m.fp8_recipe, fsdp, m.fp8_fsdp_all_gather)
         apply_fp8(part, m.fp8_recipe, tp=ctx.dims.tp, fsdp_all_gather=gather, emulate=m.fp8_emulate)
@@ -166,25 +162,11 @@ def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> No
         apply_compile(part, m.compile_mode)
 
 
-# torch releases whose compiled backward of a checkpointed TP block asserts (checked 2026-11-28: 2.12.0,
-# 2.12.1 and 2.13.0 fail; 2.11.0 and 2.14.1 run it, and 2.15.0 ran the same case before).
-TORCH_FAILING_COMPILE_UNDER_TP_RECOMPUTE = ("2.12.", "2.13.")
-
-
 def check_compile_under_tp_recompute(
     tp: int, recompute: str | None, version: str = torch.__version__
 ) -> None:
-    """torch 2.12's and 2.13's compiled backward asserts on a DeviceMesh among the tensors a
-    checkpointed tensor-parallel block saves (`expected all tensors_saved_with_vc_check to be
-    Tensors`), on any device (plain torch: tests/distributed/tp_recompute_compile_worker.py).
-    Said before the model is built, not as that traceback."""
-    if tp > 1 and recompute is not None and version.startswith(TORCH_FAILING_COMPILE_UNDER_TP_RECOMPUTE):
-        raise ConfigError(
-            f"model.compile=true with model.tensor_model_parallel_size={tp} and "
-            f"model.activations_checkpoint_granularity={recompute} fails in torch {version} (torch's own "
-            "assertion in the compiled backward; torch 2.11, 2.14 and later run it): upgrade torch, or set "
-            "model.compile=false or model.activations_checkpoint_granularity=null"
-        )
+    """gptrain.parallel.layout.check_compile_under_tp_recompute on this process's torch."""
+    layout_checks.check_compile_under_tp_recompute(tp, recompute, version)
 
 
 def _materialize(parts: list[nn.Module], device: torch.device, seed: int) -> None:

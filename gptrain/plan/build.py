@@ -8,6 +8,7 @@ from typing import Any
 
 from gptrain.config.yamlio import override_value
 from gptrain.errors import ConfigError
+from gptrain.parallel.layout import check_device_choices
 from gptrain.plan.hardware import Cluster, build_cluster, cluster_profile
 from gptrain.plan.rank import evaluate, least_memory, rank_layouts
 from gptrain.plan.report import Plan
@@ -145,6 +146,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
         work = dataclasses.replace(work, device_type="cpu", flash_attention=cfg.model.attention_dropout == 0)
     requested, error = None, None
     try:
+        check_device_choices(cfg.model, "cpu" if cluster.gpu.name == "cpu" else "cuda")  # training's too
         requested = evaluate(
             work, layout_from_config(cfg, cluster.gpus_per_node), cluster, args.mfu, args.headroom
         )

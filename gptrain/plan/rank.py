@@ -1,8 +1,8 @@
 """Every valid layout of a workload on a cluster, ranked by estimated step time under the memory limit.
 
-Validity is gptrain.parallel.layout.check_layout itself (pure arithmetic, no torch), run on the
-config with the candidate's keys replaced, so the planner never proposes a layout `gptrain
-train` would refuse.
+Validity is gptrain.parallel.layout's check_layout and check_device_choices themselves (no torch:
+the device type is the planned GPU's, torch's version its package's), run on the config with the
+candidate's keys replaced, so the planner never proposes a layout `gptrain train` would refuse.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def checked(layout: Layout, model_cfg: Any, cluster: Cluster) -> Layout | None:
     when it is another's twin: hybrid_shard whose shard group is the whole DP group (one node's
     worth of data-parallel ranks) runs full_shard's mesh and code (gptrain.parallel.parallelize),
     and would take a second row of the table and a second --measure trial."""
-    from gptrain.parallel.layout import check_layout
+    from gptrain.parallel.layout import check_device_choices, check_layout
 
     candidate = dataclasses.replace(
         model_cfg,
@@ -111,6 +111,7 @@ def checked(layout: Layout, model_cfg: Any, cluster: Cluster) -> Layout | None:
     )
     try:
         dims = check_layout(candidate, cluster.world_size, cluster.gpus_per_node)
+        check_device_choices(candidate, "cpu" if cluster.gpu.name == "cpu" else "cuda")
     except ConfigError:
         return None
     if layout.sharding == "hybrid_shard" and dims.dp_shard == dims.dp:
@@ -141,6 +142,8 @@ def valid_candidates(
     seen: set[Layout] = set()
     for raw in layout_grid(work, cluster):
         layout = checked(raw, model_cfg, cluster)
+        if layout is None and raw.sequence_parallel:  # refused with SP (tensorwise FP8 on CPU)
+            layout = checked(dataclasses.replace(raw, sequence_parallel=False), model_cfg, cluster)
         if layout is None or layout in seen:
             continue
         seen.add(layout)
