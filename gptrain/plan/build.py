@@ -9,21 +9,11 @@ from typing import Any
 from gptrain.config.yamlio import override_value
 from gptrain.errors import ConfigError
 from gptrain.parallel.layout import check_device_choices
-from gptrain.plan.hardware import Cluster, build_cluster, cluster_profile
+from gptrain.plan.hardware import Cluster, build_cluster, cluster_overrides, cluster_profile
 from gptrain.plan.rank import evaluate, least_memory, rank_layouts
 from gptrain.plan.report import Plan
 from gptrain.plan.spec import layout_from_config, workload_from_config
 from gptrain.utils.overrides import merged_keys, split_override
-
-
-def cluster_overrides(cluster: Cluster) -> list[str]:
-    """The trainer keys that make the config's world the cluster's."""
-    accelerator = "cpu" if cluster.gpu.name == "cpu" else "gpu"
-    return [
-        f"trainer.num_nodes={cluster.nodes}",
-        f"trainer.devices={cluster.gpus_per_node}",
-        f"trainer.accelerator={accelerator}",
-    ]
 
 
 def load_config(args: argparse.Namespace, extra: list[str]) -> tuple[Any, str | None, list[str]]:

@@ -198,3 +198,13 @@ def build_cluster(
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r} must be a positive integer")
     return Cluster(nodes=nodes, gpus_per_node=int(per_node), gpu=spec)
+
+
+def cluster_overrides(cluster: Cluster) -> list[str]:
+    """The trainer keys that make the config's world the cluster's."""
+    accelerator = "cpu" if cluster.gpu.name == "cpu" else "gpu"
+    return [
+        f"trainer.num_nodes={cluster.nodes}",
+        f"trainer.devices={cluster.gpus_per_node}",
+        f"trainer.accelerator={accelerator}",
+    ]

@@ -286,12 +286,14 @@ def write_winner(plan: Plan, args: argparse.Namespace, winner: Candidate) -> Pat
     """The winner as a full training YAML (the user's config, the cluster and the layout)."""
     from gptrain.plan.build import cluster_overrides, load_config
 
-    cfg, _, _ = load_config(args, [*cluster_overrides(plan.cluster), *winner.layout.overrides()])
+    keys = [*cluster_overrides(plan.cluster), *winner.layout.overrides()]  # the planned world too
+    cfg, _, _ = load_config(args, keys)
     path = Path(args.output or "plan-best.yaml")
     header = f"{WINNER_HEADER}{winner.layout.label()} at {winner.measured_step_s:.3f} s/step\n"
     atomic_write_text(path, header + cfg.to_yaml())
     plan.notes.append(
         f"winner {winner.layout.label()} written to {path}: gptrain train --config-file {shlex.quote(str(path))}"
     )
-    plan.notes.append("  or as overrides: " + " ".join(winner.layout.overrides()))
+    plan.notes.append("  or as overrides: " + shlex.join(keys))
+    plan.notes.append("  or with gptrain launch: " + shlex.join(f"training.{key}" for key in keys))
     return path

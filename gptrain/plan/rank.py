@@ -43,10 +43,11 @@ class Candidate:
             return (0.0, self.measured_step_s)
         return (1.0, self.time.total)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, world: list[str] | None = None) -> dict[str, Any]:
+        """`world`: the planned world's trainer keys (cluster_overrides), which lead `overrides`."""
         return {
             "layout": self.layout.label(),
-            "overrides": self.layout.overrides(),
+            "overrides": [*(world or []), *self.layout.overrides()],
             "fits": self.fits,
             "requested": self.requested,
             "memory_gib": self.memory.gib(),

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from gptrain.plan.hardware import Cluster
+from gptrain.plan.hardware import Cluster, cluster_overrides
 from gptrain.plan.memory import GIB
 from gptrain.plan.rank import Candidate, layouts_that_fit, memory_line, step_seconds, tokens_per_second
 from gptrain.plan.sizes import SECONDS_PER_DAY, megatron_parameter_lines, model_sizes, padded_vocab_line
@@ -196,6 +196,7 @@ def print_wide(console: Console, renderable: Table) -> None:
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:
+    world = cluster_overrides(plan.cluster)  # each row's overrides run it in the planned world
     return {
         "model": plan.name,
         "cluster": {
@@ -205,11 +206,13 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         },
         "mfu": plan.mfu,
         "lines": header_lines(plan),
-        "requested": plan.requested.to_dict() if plan.requested else None,
+        "requested": plan.requested.to_dict(world) if plan.requested else None,
         "requested_error": plan.requested_error,
-        "candidates": [c.to_dict() for c in plan.shown()],
+        "candidates": [c.to_dict(world) for c in plan.shown()],
         "valid_layouts_that_fit": layouts_that_fit(plan.ranked),
-        "smallest": plan.smallest.to_dict() if plan.smallest else None,  # nothing fits: the error's layout
+        "smallest": plan.smallest.to_dict(world)
+        if plan.smallest
+        else None,  # nothing fits: the error's layout
     }
 
 

@@ -83,3 +83,55 @@ def test_a_requested_layout_training_refuses_is_said_so(tmp_path, monkeypatch: p
     plan = json.loads(js.read_text())
     assert plan["requested"] is None
     assert plan["requested_error"].startswith("model.compile=true with model.tensor_model_parallel_size=2")
+
+
+def test_the_winners_override_lines_launch_the_planned_world(tmp_path) -> None:
+    """After --measure, the printed override line had the layout's model.* keys only: prefixed with
+    `training.` as docs/planning.md said, `gptrain launch` ran the preset's 64 nodes (DP 128) instead of
+    the planned 16 (DP 32). Both printed lines (and --json's `overrides`) now carry the planned world."""
+    import shlex
+    from types import SimpleNamespace
+
+    from gptrain.launch.compose import compose
+    from gptrain.launch.preflight import check_training_layout
+    from gptrain.launch.stages import build_plan, render_run_files, validate_training
+    from gptrain.plan import measure
+
+    cluster = build_cluster(16, 8, None, None)
+    cfg = load_training_config("gpt3/20b", cluster_overrides(cluster), report_ignored=False)
+    assert cfg.trainer.num_nodes == 16
+    [winner, *_] = rank_layouts(workload_from_config(cfg, None), cfg.model, cluster, 0.4, 0.1)
+    winner.measured_step_s = 11.0
+    lay = winner.layout
+    assert (lay.tp, lay.pp, lay.dp) == (2, 2, 32)  # not the preset's own layout (TP 2, PP 1)
+    plan = SimpleNamespace(cluster=cluster, notes=[])
+    args = SimpleNamespace(
+        output=str(tmp_path / "best.yaml"), preset="gpt3/20b", overrides=[], config_file=None
+    )
+    measure.write_winner(plan, args, winner)
+    notes = {note.split(": ", 1)[0].strip(): note.split(": ", 1)[1] for note in plan.notes[1:]}
+
+    keys = shlex.split(notes["or as overrides"])
+    trained = load_training_config("gpt3/20b", keys, report_ignored=False)
+    assert (trained.trainer.num_nodes, trained.trainer.devices, trained.trainer.accelerator) == (16, 8, "gpu")
+
+    argv = ["training=gpt3/20b", "cluster_type=slurm", f"base_results_dir={tmp_path}/results"]
+    launch = build_plan(compose([*argv, *shlex.split(notes["or with gptrain launch"])]))
+    training = validate_training(launch, render_run_files(launch, argv))
+    [line] = check_training_layout(training)
+    assert line.startswith("ok  training: layout TP 2 x PP 2 x DP 32 (")
+    assert line.endswith(" on 128 ranks (16 node(s) x 8)")
+
+
+def test_the_json_candidates_overrides_carry_the_planned_world(tmp_path) -> None:
+    """--json's `overrides` of each row were the model.* keys alone (the same line as the winner's)."""
+    import json
+
+    from gptrain.cli import main
+
+    js = tmp_path / "p.json"
+    assert main(["plan", "gpt3/20b", "--nodes", "16", "--gpus-per-node", "8", "--json", str(js)]) == 0
+    [first, *_] = json.loads(js.read_text())["candidates"]
+    cfg = load_training_config("gpt3/20b", first["overrides"], report_ignored=False)
+    assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.accelerator) == (16, 8, "gpu")
+    assert first["layout"].startswith(f"tp{cfg.model.tensor_model_parallel_size} ")
