@@ -60,8 +60,9 @@ def trial_overrides(plan: Plan, candidate: Candidate, steps: int, log_dir: Path)
     ]
 
 
-def trial_dir_name(candidate: Candidate) -> str:
-    return candidate.layout.label().replace(" ", "_").replace("=", "-")
+def trial_dir_name(candidate: Candidate, row: int) -> str:
+    """`02-tp1_pp2_dp1_mbs1`: the row number keeps two trials apart even where labels meet."""
+    return f"{row:02d}-" + candidate.layout.label().replace(" ", "_").replace("=", "-")
 
 
 def write_trial_config(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> Path:
@@ -228,11 +229,11 @@ def measure_and_write_winner(plan: Plan, args: argparse.Namespace) -> Path | Non
     shown = plan.shown()
     root, tmp = trials_root(args)
     try:
-        for candidate in shown:
+        for row, candidate in enumerate(shown, 1):
             where = "as a Slurm job" if slurm else "here"
             label = candidate.layout.label()
             print(f"plan: measuring {label} ({args.steps} steps) {where} ...", file=sys.stderr, flush=True)
-            trial_dir = root / trial_dir_name(candidate)
+            trial_dir = root / trial_dir_name(candidate, row)
             if slurm:
                 from gptrain.plan.slurm_trials import run_slurm_trial
 

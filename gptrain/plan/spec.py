@@ -154,8 +154,9 @@ class Layout:
         return out
 
     def label(self) -> str:
-        """Short name for tables: tp2 pp2 v2 dp4 mbs1 sp fsdp last=5 ac=sele (full, sele); last=/first=:
-        model.num_layers_in_last/first_pipeline_stage."""
+        """Short name for tables: tp2 pp2 v2 dp4 mbs1 sp fsdp last=5 emb loss ac=sele (full, sele);
+        last=/first=: model.num_layers_in_last/first_pipeline_stage; emb/loss: the split accounts for
+        the embedding/loss (model.account_for_*_in_pipeline_split), one row apart from the even split."""
         parts = [f"tp{self.tp}", f"pp{self.pp}"] + ([f"v{self.vpp}"] if self.vpp > 1 else [])
         parts += [f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
         parts += ["sp"] if self.sequence_parallel else []
@@ -166,6 +167,8 @@ class Layout:
         parts += [f"last={self.num_layers_in_last_pipeline_stage}"] * (
             self.num_layers_in_last_pipeline_stage is not None
         )
+        parts += ["emb"] * self.account_for_embedding_in_pipeline_split
+        parts += ["loss"] * self.account_for_loss_in_pipeline_split
         if self.recompute:
             parts.append(
                 f"ac={self.recompute[:4]}"

@@ -135,3 +135,54 @@ def test_the_json_candidates_overrides_carry_the_planned_world(tmp_path) -> None
     cfg = load_training_config("gpt3/20b", first["overrides"], report_ignored=False)
     assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.accelerator) == (16, 8, "gpu")
     assert first["layout"].startswith(f"tp{cfg.model.tensor_model_parallel_size} ")
+
+
+ACCOUNTED = [
+    *TINY,
+    "model.num_layers=4",
+    "model.pipeline_model_parallel_size=2",
+    "model.micro_batch_size=1",
+    "model.account_for_embedding_in_pipeline_split=true",
+    "model.account_for_loss_in_pipeline_split=true",
+    "model.data_parallel_sharding=ddp",
+]
+CPU_PAIR = ["--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "2"]
+
+
+def test_rows_differing_only_in_the_accounted_split_have_their_own_labels_and_trials(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requested split accounting for the embedding and the loss (review Q4) and the even split
+    both read `tp1 pp2 dp1 mbs1`; --measure ran both in one trial directory, and the second (the
+    requested one) stopped on the first's checkpoints. Labels and trial directories now differ."""
+    import argparse
+
+    from gptrain.plan import measure
+    from gptrain.plan.build import build_plan
+    from gptrain.plan.cli import parse_words
+
+    words = ["gpt3/126m", *ACCOUNTED, *CPU_PAIR, "--top", "40"]
+    words += ["--trials-dir", str(tmp_path / "trials"), "--output", str(tmp_path / "best.yaml")]
+    args = parse_words(argparse.Namespace(words=words))
+    plan = build_plan(args)
+    labels = [c.layout.label() for c in plan.ranked]
+    assert len(set(labels)) == len(labels), labels
+    [asked] = [c for c in plan.ranked if c.requested]
+    assert asked.layout.label() == "tp1 pp2 dp1 mbs1 emb loss"
+
+    trials: list = []
+
+    def run_trial(plan, args, candidate, trial_dir) -> None:
+        trials.append(trial_dir)
+        candidate.measured_step_s = 1.0 + len(trials)
+
+    monkeypatch.setattr(measure, "run_local_trial", run_trial)
+    plan.ranked = [c for c in plan.ranked if c.layout.label() in ("tp1 pp2 dp1 mbs1", asked.layout.label())]
+    assert len(plan.ranked) == 2
+    plan.top = 2
+    measure.measure_and_write_winner(plan, args)
+    assert [t.name for t in trials] == ["01-tp1_pp2_dp1_mbs1", "02-tp1_pp2_dp1_mbs1_emb_loss"]
+    trials.clear()  # a label that two rows still shared: each trial its own directory
+    plan.ranked = [plan.ranked[0], dataclasses.replace(plan.ranked[0])]
+    measure.measure_and_write_winner(plan, args)
+    assert len(set(trials)) == 2, trials
