@@ -10,7 +10,7 @@ from gptrain.config.yamlio import override_value
 from gptrain.errors import ConfigError
 from gptrain.parallel.layout import check_device_choices
 from gptrain.plan.hardware import Cluster, build_cluster, cluster_overrides, cluster_profile
-from gptrain.plan.rank import evaluate, least_memory, rank_layouts
+from gptrain.plan.rank import evaluate, least_memory, rank_layouts, runs_as
 from gptrain.plan.report import Plan
 from gptrain.plan.spec import layout_from_config, workload_from_config
 from gptrain.utils.overrides import merged_keys, split_override
@@ -147,7 +147,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
         work, cfg.model, cluster, args.mfu, args.headroom, requested.layout if requested else None
     )
     for candidate in ranked:  # the requested layout's row in the ranking (--json's `requested`)
-        candidate.requested = requested is not None and candidate.layout == requested.layout
+        candidate.requested = requested is not None and runs_as(candidate.layout) == runs_as(requested.layout)
     name = preset or str(args.config_file)
     plan = Plan(name, work, cluster, args.mfu, args.tokens, requested, error, ranked, args.top)
     plan.headroom = args.headroom

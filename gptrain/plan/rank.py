@@ -183,16 +183,29 @@ def split_rows(
         valid = checked(lighter, model_cfg, cluster)
         if valid is not None:
             options.append(evaluate(work, valid, cluster, mfu, headroom))
+    asked_as = runs_as(requested) if requested is not None else None
     if (
-        requested is not None
-        and unsplit(requested) == layout
-        and requested not in [c.layout for c in options]
+        asked_as is not None
+        and unsplit(asked_as) == layout
+        and asked_as not in [runs_as(c.layout) for c in options]
     ):
         options.append(evaluate(work, requested, cluster, mfu, headroom))  # a split of its own (first=7)
     fitting = [c for c in options if c.fits]
     best = min(fitting, key=lambda c: (c.time.total, c.memory.total), default=options[0])
-    asked = [c for c in options if c.layout == requested and c is not best]
+    asked = [c for c in options if runs_as(c.layout) == asked_as and c is not best]
     return [best, *asked]
+
+
+def runs_as(layout: Layout) -> Layout:
+    """`layout` as the grid's row that runs the same code (gptrain.parallel.parallelize): at DP 1
+    any sharding is plain data parallelism (nothing to shard or reduce); under a pipeline
+    shard_grad_op is full_shard (both keep the weights gathered through the schedule), and so is
+    hybrid_shard whose shard group is the whole DP group."""
+    if layout.dp == 1:
+        return dataclasses.replace(layout, sharding="ddp", dp_shard=0)
+    grad_op = layout.sharding == "shard_grad_op" and layout.pp > 1
+    one_group = layout.sharding == "hybrid_shard" and layout.dp_shard == layout.dp  # see `checked`
+    return dataclasses.replace(layout, sharding="full_shard") if grad_op or one_group else layout
 
 
 def unsplit(layout: Layout) -> Layout:

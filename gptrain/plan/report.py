@@ -103,10 +103,12 @@ def throughput_line(plan: Plan) -> str:
 
 
 def _headline_candidate(plan: Plan) -> Candidate | None:
-    """The requested layout's row of the ranking (measured there after --measure), else the
-    requested layout as estimated (it may not fit), else the first row."""
+    """The requested layout's row of the ranking once --measure measured it there, else the
+    requested layout as estimated (it may not fit; under its own label where its row runs it as
+    another: gptrain.plan.rank.runs_as), else the first row."""
     if plan.requested:
-        return next((c for c in plan.ranked if c.requested), plan.requested)
+        row = next((c for c in plan.ranked if c.requested), None)
+        return row if row is not None and row.measured_step_s is not None else plan.requested
     return plan.ranked[0] if plan.ranked else None
 
 

@@ -186,3 +186,63 @@ def test_rows_differing_only_in_the_accounted_split_have_their_own_labels_and_tr
     plan.ranked = [plan.ranked[0], dataclasses.replace(plan.ranked[0])]
     measure.measure_and_write_winner(plan, args)
     assert len(set(trials)) == 2, trials
+
+
+@pytest.mark.parametrize(
+    ("overrides", "per_node", "requested", "row"),
+    [
+        ([], 1, "tp1 pp1 dp1 mbs4 zero2", "tp1 pp1 dp1 mbs4"),  # DP 1: nothing to shard
+        (["model.pipeline_model_parallel_size=2"], 8, "tp1 pp2 dp4 mbs4 zero2", "tp1 pp2 dp4 mbs4 fsdp"),
+        (["model.data_parallel_sharding=hybrid_shard"], 8, "tp1 pp1 dp8 mbs4 hsdp", "tp1 pp1 dp8 mbs4 fsdp"),
+    ],
+)
+def test_the_presets_own_layout_is_marked_where_it_runs_as_a_row(
+    tmp_path, overrides, per_node, requested, row
+) -> None:
+    """The presets' shard_grad_op runs as plain data parallelism at DP 1 and as full_shard's code under
+    a pipeline (as hybrid_shard does on one node), where the grid has those rows instead: no row was marked requested (review Q5), and after
+    --measure the header gave the requested layout's estimate, not its row's measurement."""
+    import json
+
+    from gptrain.cli import main
+
+    js = tmp_path / "p.json"
+    args = ["plan", "gpt3/126m", *overrides, "--nodes", "1", "--gpus-per-node", str(per_node)]
+    assert main([*args, "--top", "1000", "--json", str(js)]) == 0
+    plan = json.loads(js.read_text())
+    assert plan["requested"]["layout"] == requested
+    [marked] = [c for c in plan["candidates"] if c["requested"]]
+    assert marked["layout"] == row
+    assert marked["memory_gib"] == pytest.approx(plan["requested"]["memory_gib"], rel=1e-9)
+    assert marked["step_time_s"]["total"] == pytest.approx(
+        plan["requested"]["step_time_s"]["total"], rel=1e-9
+    )
+
+
+def test_after_measure_the_header_is_the_requested_rows_measurement(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preset's zero2 at DP 1 is the row `tp1 pp1 dp1 mbs4`; after --measure the header's
+    figure is that row's measured step (it was the requested layout's estimate). The trials are
+    stood in for: every row measures three times its estimate."""
+    import json
+
+    import gptrain.plan.measure as measure
+    from gptrain.cli import main
+    from gptrain.plan.rank import Candidate
+
+    def measure_every_row(plan, _args):
+        for candidate in plan.ranked:
+            candidate.measured_step_s = 3.0 * candidate.time.total
+        plan.ranked.sort(key=Candidate.sort_key)
+        return plan.ranked[0]
+
+    monkeypatch.setattr(measure, "measure_plan", measure_every_row)
+    js = tmp_path / "p.json"
+    args = ["plan", "gpt3/126m", "--nodes", "1", "--gpus-per-node", "1", "--top", "1000"]
+    assert main([*args, "--measure", "--json", str(js)]) == 0
+    plan = json.loads(js.read_text())
+    [row] = [c for c in plan["candidates"] if c["requested"]]
+    tokens = 256 * 2048 / row["measured_step_s"]
+    line = next(x for x in plan["lines"] if " tokens/s, " in x)
+    assert line.startswith(f"measured, requested layout tp1 pp1 dp1 mbs4: {tokens:,.0f} tokens/s, ")
