@@ -33,6 +33,7 @@ from gptrain.config.loader import (
 )
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError, printable
+from gptrain.launch.added_keys import check_added_keys
 from gptrain.launch.defaults_merge import groups_under_root, merge_section, own_section_keys
 from gptrain.launch.override_apply import apply_override, closest, parse_overrides
 from gptrain.utils.overrides import (
@@ -291,6 +292,7 @@ def compose(
     given: dict[str, str] = {}  # dotted key -> the override that set it, for errors to name it
     for override in dotted:
         given.update(dict.fromkeys(apply_override(cfg, override), override.typed))
+    check_added_keys(cfg, dotted)
     files = {**source_files(choices, root, config_path), **written}
     try:  # these read values, so a bad interpolation (`${oc.env:UNSET}`) first fails here
         notes += nemo_launcher.ignore_switches_beside_stages(cfg, given)  # NeMo reads the list alone
