@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gptrain.launch.job_states import NEVER_SATISFIED
 from gptrain.launch.log_endings import lines_from_the_end
+from gptrain.launch.ramp_eta import ramp_eta
 from gptrain.launch.record_state import job_state
 from gptrain.launch.records import read_records
 from gptrain.launch.run_dirs import latest_jobs, log_files
@@ -42,7 +43,11 @@ def progress(log: Path, now: float | None = None, running: bool = True) -> str |
     parts.append(f"{ms:.0f} ms/step")
     if running and lines > 1:  # a process's first line is its first step alone (compilation): no ETA from it
         own = LINE_ETA.search(last)
-        eta = 3600 * int(own["h"]) + 60 * int(own["m"]) + int(own["s"]) if own else (total - step) * ms / 1000
+        eta = 3600 * int(own["h"]) + 60 * int(own["m"]) + int(own["s"]) if own else None
+        if eta is None:  # Megatron's or NeMo's line: by the samples left where a batch ramp is on
+            eta = ramp_eta(log, last, step, total, ms)
+        if eta is None:
+            eta = (total - step) * ms / 1000
         parts.append(f"ETA {format_duration(max(0, eta))}")
     return " | ".join(parts)
 
