@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gloo_ranks import run_ranks
-from hf_helpers import free_port, saved_run
+from gloo_ranks import free_port, run_ranks
+from hf_helpers import saved_run
 
 from gptrain.cli import main
 from gptrain.config import load_training_config

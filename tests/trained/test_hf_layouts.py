@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from gloo_ranks import run_ranks  # noqa: E402
-from hf_helpers import ARCHITECTURES, SHAPE, free_port, gpt2_files, run_cli  # noqa: E402
+from gloo_ranks import free_port, run_ranks  # noqa: E402
+from hf_helpers import ARCHITECTURES, SHAPE, gpt2_files, run_cli  # noqa: E402
 
 WORKER = Path(__file__).parent.parent / "cli_runs_worker.py"
 
