@@ -18,7 +18,10 @@ TINY = dict(vocab_size=37, seq_length=8, num_layers=2, hidden_size=16, num_atten
 VARIANTS = {
     "classic": {},
     "rope": dict(position_embedding_type="rope"),
-    "partial_rope": dict(position_embedding_type="rope", rotary_percentage=0.5, rotary_base=500),
+    # head_dim 8, rotary_dim 4: two rotated pairs, so the base and the /rotary_dim exponent both count
+    "partial_rope": dict(
+        position_embedding_type="rope", rotary_percentage=0.5, rotary_base=500, kv_channels=8
+    ),
     "swiglu": dict(activation="swiglu", ffn_hidden_size=24),
     "openai_gelu": dict(openai_gelu=True),
     "fast_swiglu_rmsnorm_nobias": dict(activation="fast-swiglu", normalization="rmsnorm", bias=False),
