@@ -48,10 +48,19 @@ def changes(saved: dict[str, Any] | None, live: dict[str, Any] | None) -> list[s
     if not isinstance(saved, dict) or live is None:
         return []
     return [
-        f"{key} {_text(saved[key])} -> {_text(value)}"
+        f"{key} {_text(saved[key])} -> {_text(value)}{HINTS.get((key, value), '')}"
         for key, value in live.items()
         if key in saved and not _same(saved[key], value)
     ]
+
+
+# where the old value is not set by its own key: the fused bias-GELU (on by default) makes openai_gelu true
+HINTS = {
+    ("model.openai_gelu", True): (
+        " (model.bias_activation_fusion, true by default as in NeMo and Megatron, runs GELU's tanh "
+        "approximation: model.bias_activation_fusion=false keeps the erf GELU)"
+    )
+}
 
 
 def _same(saved: Any, live: Any) -> bool:

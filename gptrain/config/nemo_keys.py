@@ -64,7 +64,6 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.apex_transformer_log_level",
         "model.apply_query_key_layer_scaling",
         "model.apply_rope_fusion",
-        "model.bias_activation_fusion",
         "model.bias_dropout_add_fusion",
         "model.enable_cuda_graph",
         "model.fp16_lm_cross_entropy",

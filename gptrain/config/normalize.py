@@ -31,6 +31,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
         raise ConfigError(f"model.optim.name: '{cfg.model.optim.name}' is not supported; use adamw")
     cfg.model.data_parallel_sharding = data_parallel_sharding(cfg.model)
     cfg.model.optim.name = "adamw"
+    _fused_bias_gelu(cfg.model)
     if cfg.model.ffn_hidden_size is None:
         cfg.model.ffn_hidden_size = 4 * cfg.model.hidden_size
     if cfg.model.optim.sched.min_lr is None:
@@ -56,6 +57,14 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     _max_time_per_run(cfg)
     notes = save_interval(cfg) + use_fast_notes(cfg.model.tokenizer)
     return notes + _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)
+
+
+def _fused_bias_gelu(model: Any) -> None:
+    """Megatron's fused bias-GELU kernel (megatron/core/fusions/fused_bias_gelu.py), which NeMo's
+    bias_activation_fusion and Megatron's default select, is GELU's tanh approximation, gptrain's
+    openai_gelu (the two agree to 3e-10). Megatron turns the fusion off without biases."""
+    if model.bias_activation_fusion and model.activation == "gelu" and model.bias:
+        model.openai_gelu = True
 
 
 def _unknown_precision(precision: str) -> str:

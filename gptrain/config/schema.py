@@ -379,7 +379,12 @@ class ModelConfig:
     activation: str = "gelu"
     """`gelu`, or `swiglu`/`fast-swiglu` (gated, with ffn_hidden_size as the gate width)."""
     openai_gelu: bool = False
-    """GELU's tanh approximation (GPT-2's `gelu_new`), as Megatron's --openai-gelu."""
+    """GELU's tanh approximation (GPT-2's `gelu_new`), as Megatron's --openai-gelu; set by
+    bias_activation_fusion too (the loaded config shows the GELU that runs)."""
+    bias_activation_fusion: bool = True
+    """NeMo's and Megatron's fused bias-GELU, on in both by default, computes GELU's tanh approximation:
+    with `activation: gelu` and `bias: true` it makes openai_gelu true; false keeps the erf GELU
+    (Megatron's --no-bias-gelu-fusion). Without biases Megatron turns the fusion off: erf."""
     position_embedding_type: str = "learned_absolute"
     """`learned_absolute` or `rope`."""
     rotary_percentage: float = 1.0

@@ -151,6 +151,8 @@ SWITCH: dict[str, dict[str, Any]] = {
         {"model.optim.sched.from_checkpoint": True},
     ),
     "--openai-gelu": {"model.openai_gelu": True},
+    # store_false: the fused bias-GELU, GELU's tanh approximation, is Megatron's default; off, the erf GELU
+    "--no-bias-gelu-fusion": {"model.bias_activation_fusion": False},
     "--use-rotary-position-embeddings": {"model.position_embedding_type": "rope"},
     "--eod-mask-loss": {"model.data.eod_mask_loss": True},
     "--allow-ambiguous-pad-tokens": {"model.data.allow_ambiguous_pad_tokens": True},
@@ -177,7 +179,7 @@ SWITCH: dict[str, dict[str, Any]] = {
 # flag -> number of values it takes (None: one or more); these change speed, kernels or logs only.
 NO_EFFECT: dict[str, int | None] = {
     "--use-flash-attn": 0, "--use-mcore-models": 0, "--no-masked-softmax-fusion": 0,
-    "--no-bias-gelu-fusion": 0, "--no-bias-dropout-fusion": 0, "--no-gradient-accumulation-fusion": 0,
+    "--no-bias-dropout-fusion": 0, "--no-gradient-accumulation-fusion": 0,
     "--no-async-tensor-model-parallel-allreduce": 0, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
     "--fp16-lm-cross-entropy": 0, "--accumulate-allreduce-grads-in-fp32": 0,
     "--apply-query-key-layer-scaling": 0, "--no-query-key-layer-scaling": 0, "--attention-softmax-in-fp32": 0,

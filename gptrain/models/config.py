@@ -44,7 +44,8 @@ class GPTConfig:
     rotary_base: int = 10000
     """Rope frequency base (theta)."""
     activation: str = "gelu"
-    """'gelu' (exact erf GELU, Megatron's default) or 'swiglu' ('fast-swiglu' as NeMo spells it)."""
+    """'gelu' (the exact erf GELU, or with openai_gelu its tanh approximation: Megatron's and NeMo's
+    default fused bias-GELU) or 'swiglu' ('fast-swiglu' as NeMo spells it)."""
     openai_gelu: bool = False
     """GELU's tanh approximation instead (GPT-2's `gelu_new`; Megatron's --openai-gelu;
     exported as `gelu_pytorch_tanh`, the same kernel)."""

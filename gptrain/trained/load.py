@@ -54,6 +54,7 @@ from gptrain.trained.run_config import (
     build_run_tokenizer,
     check_run_architecture,
     check_run_tokenizer,
+    load_hparams,
     tokenizer_files_from_start,
 )
 from gptrain.utils.paths import look_up
@@ -249,13 +250,12 @@ def open_run(
     """The newest complete checkpoint under `path` (or that step dir), with its run's config
     (`checksums`: see resolve_checkpoint). `overrides`: the command's key=value overrides (eval);
     None for a command that takes none (generate, export), whose errors then name hparams.yaml's keys."""
-    from gptrain.config import load_training_config
     from gptrain.train.builders import is_mock_data
     from gptrain.train.tokenizer_setup import padded_vocab_size
 
     step_dir = resolve_checkpoint(path, checksums)
     hparams = find_hparams(step_dir)
-    cfg = load_training_config(config_file=str(hparams), overrides=overrides or (), report_ignored=False)
+    cfg = load_hparams(hparams, overrides or ())
     moved = tokenizer_files_from_start(cfg, hparams, overrides or ())
     mock_vocab = is_mock_data(cfg) and cfg.model.data.mock_vocab_size
     tokenizer = None if mock_vocab else build_run_tokenizer(cfg, hparams, moved)

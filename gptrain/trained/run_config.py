@@ -201,4 +201,16 @@ def load_hparams(hparams: Path, overrides: Sequence[str] = ()) -> Any:
     """The run's config as its hparams.yaml gives it under `overrides`."""
     from gptrain.config import load_training_config
 
-    return load_training_config(config_file=str(hparams), overrides=overrides, report_ignored=False)
+    recorded = [*_gelu_before_fusion(hparams), *overrides]
+    return load_training_config(config_file=str(hparams), overrides=recorded, report_ignored=False)
+
+
+def _gelu_before_fusion(hparams: Path) -> list[str]:
+    """An hparams.yaml written before model.bias_activation_fusion (on by default: the tanh GELU) records
+    the GELU that ran in openai_gelu alone; without the fusion it reads as that GELU."""
+    from gptrain.config.yamlio import load_file
+
+    model = load_file(hparams).get("model")
+    if isinstance(model, dict) and "openai_gelu" in model and "bias_activation_fusion" not in model:
+        return ["model.bias_activation_fusion=false"]
+    return []

@@ -34,3 +34,12 @@ def test_a_key_one_record_lacks_is_not_compared_and_a_bool_is_not_a_number():
     assert changes(None, saved) == [] and changes({"model.num_layers": 1}, saved) == []
     assert changes({"model.bias": 1}, {"model.bias": True}) == ["model.bias 1 -> true"]
     assert changes({"model.rotary_percentage": 1}, {"model.rotary_percentage": 1.0}) == []
+
+
+def test_a_checkpoint_of_the_erf_gelu_names_the_key_that_keeps_it():
+    """A run of a GELU preset saved before gptrain honoured bias_activation_fusion (erf) resumes under the
+    fused tanh GELU: "set the old values" alone would send the user to openai_gelu=false, which the
+    fusion overrides, so the line names model.bias_activation_fusion=false."""
+    (line,) = changes(record(config()), record(config(openai_gelu=True)))
+    assert line.startswith("model.openai_gelu false -> true") and "model.bias_activation_fusion=false" in line
+    assert changes(record(config(openai_gelu=True)), record(config())) == ["model.openai_gelu true -> false"]

@@ -233,3 +233,22 @@ def test_the_bignlp_22_06_training_files_keys_are_ignored_with_their_reasons(cap
     [line] = capsys.readouterr().err.splitlines()
     assert "(gptrain has its own loop): trainer.amp_backend" in line
     assert "bignlp-scripts 22.x's model family of the file (gptrain's model is GPT): model.model_type" in line
+
+
+@pytest.mark.parametrize(
+    "overrides, tanh",
+    [
+        ((), True),  # the file's bias_activation_fusion: true, activation gelu, bias true
+        (("model.bias_activation_fusion=false",), False),
+        (("model.bias=false",), False),  # nothing to fuse: Megatron turns the fusion off
+        (("model.bias_activation_fusion=false", "model.openai_gelu=true"), True),
+        (("model.activation=swiglu",), False),  # a gated MLP: SiLU, no GELU to approximate
+    ],
+)
+def test_bias_activation_fusion_picks_the_tanh_gelu_nemo_runs(overrides, tanh):
+    """NeMo's bias_activation_fusion runs Megatron's fused bias-GELU kernel, GELU's tanh approximation
+    (megatron/core/fusions/fused_bias_gelu.py): true with gelu and biases trains the tanh GELU, false
+    the erf one. It was reported as an ignored fused-kernel switch, and every run trained erf."""
+    cfg = load(*overrides)
+    assert cfg.model.openai_gelu is tanh
+    assert "model.bias_activation_fusion" not in cfg.ignored_keys

@@ -1572,7 +1572,11 @@ def test_openai_gelu_is_the_tanh_gelu_of_the_model():
     from gptrain.train.model_config import build_model_config
 
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    for flags, expected in (("", False), (" --openai-gelu", True)):
+    # the erf GELU without Megatron's default fused bias-GELU (tanh), so that --openai-gelu is what changes it
+    for flags, expected in (
+        (" --no-bias-gelu-fusion", False),
+        (" --no-bias-gelu-fusion --openai-gelu", True),
+    ):
         t = translate(shlex.split(base + " --train-iters 4 --mock-data --vocab-size 64" + flags), {})
         cfg = load_training_config(None, t.overrides, report_ignored=False)
         assert cfg.model.openai_gelu is expected
@@ -2498,3 +2502,22 @@ def assert_accepted_with_megatrons_arity_and_said(flag: str, values: str, why: s
     wrong = " 1 2" if values else " 1"
     with pytest.raises(ConfigError, match=f"^{flag}: takes "):
         translate(shlex.split(f"{base} {flag}{wrong}"), {})
+
+
+@pytest.mark.parametrize(
+    "flags, tanh",
+    [
+        ("", True),  # Megatron's --no-bias-gelu-fusion is store_false: the fused tanh kernel by default
+        ("--no-bias-gelu-fusion", False),
+        ("--disable-bias-linear", False),  # validate_args turns the fusion off without biases
+        ("--no-bias-gelu-fusion --openai-gelu", True),
+    ],
+)
+def test_megatrons_default_gelu_is_its_fused_tanh_kernel(flags, tanh):
+    """pretrain_gpt.py without --no-bias-gelu-fusion runs bias_gelu_impl, GELU's tanh approximation;
+    gptrain trained the erf GELU and said the flag had no effect."""
+    base = "--num-layers 2 --hidden-size 16 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
+    t = translate(shlex.split(f"{base} --train-iters 4 --mock-data --vocab-size 64 {flags}"), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.model.openai_gelu is tanh
+    assert not any("--no-bias-gelu-fusion" in note for note in t.notes)

@@ -193,12 +193,16 @@ def test_an_untied_checkpoint_is_refused_by_a_tied_model(tmp_path, monkeypatch):
 
 
 def test_resume_with_other_heads_of_the_same_shapes_is_refused_naming_each_key(run, monkeypatch):
-    """4 heads of 4 in place of 2 heads of 8 (and GELU's tanh form) give every tensor its shape: the
+    """4 heads of 4 in place of 2 heads of 8 (and the erf GELU for the fused tanh one) give every tensor its shape: the
     shape check passes, and the weights would train another function. The COMPLETE marker records
     the settings; a resume that changes them stops in one line, the run's hparams.yaml kept."""
     before = (run / "hparams.yaml").read_text()
     config = tiny_config(
-        run, *SHORT, "model.num_attention_heads=4", "model.openai_gelu=true", "trainer.max_steps=3"
+        run,
+        *SHORT,
+        "model.num_attention_heads=4",
+        "model.bias_activation_fusion=false",
+        "trainer.max_steps=3",
     )
     with pytest.raises(ArchitectureChangedError) as refused:
         run_recording(monkeypatch, config)
@@ -207,7 +211,7 @@ def test_resume_with_other_heads_of_the_same_shapes_is_refused_naming_each_key(r
     for change in (
         "model.num_attention_heads 2 -> 4",
         "model.kv_channels 8 -> 4",
-        "model.openai_gelu false -> true",
+        "model.openai_gelu true -> false",  # the preset's fused bias-GELU is the tanh one
     ):
         assert change in text
     assert "set the old values" in text and "start a new run directory" in text
@@ -248,8 +252,8 @@ def test_a_start_from_another_runs_checkpoint_with_other_settings_loads_with_a_w
     sequences): said, not refused."""
     new = tmp_path / "new"
     start = [f"exp_manager.resume_from_checkpoint={run}", "exp_manager.finetune=true"]
-    config = tiny_config(new, *SHORT, *start, "model.openai_gelu=true")
+    config = tiny_config(new, *SHORT, *start, "model.bias_activation_fusion=false")
     code, losses = run_recording(monkeypatch, config)
     assert code == 0
     warnings = [line for line in log_lines(new) if "other model settings" in line]
-    assert len(warnings) == 1 and "model.openai_gelu false -> true" in warnings[0]
+    assert len(warnings) == 1 and "model.openai_gelu true -> false" in warnings[0]

@@ -206,6 +206,8 @@ def _gpt2_overrides(c: Any, source: str) -> dict[str, Any]:
         "position_embedding_type": "learned_absolute",
         "activation": "gelu",
         "openai_gelu": GPT2_GELUS[c.activation_function],
+        # the preset's fused bias-GELU would make an erf model's GELU the tanh one (see ModelConfig)
+        "bias_activation_fusion": GPT2_GELUS[c.activation_function],
         "normalization": "layernorm",
         "layernorm_epsilon": c.layer_norm_epsilon,
         "bias": True,
