@@ -286,7 +286,7 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
     ),
     "model.context_parallel_size": ((1,), "context parallelism"),
     "model.expert_model_parallel_size": ((1,), "mixture of experts"),
-    "model.fp32_residual_connection": ((False,), "an fp32 residual stream"),
+    "model.fp32_residual_connection": ((False,), "a switch of the residual stream's precision"),
     "model.headscale": ((False,), "NormFormer head scaling"),
     "model.normalize_attention_scores": ((True,), "attention scores not scaled by 1/sqrt(head size)"),
     "model.seq_len_interpolation_factor": ((None, 1), "rope position interpolation"),
@@ -362,6 +362,16 @@ INSTEAD: dict[str, str] = {
 }
 
 
+# Why a value of NO_OP_VALUES is refused, where "not implemented" is not the reason.
+NOT_A_SWITCH: dict[str, str] = {
+    "model.fp32_residual_connection": (
+        "is no switch in gptrain: its residual stream is fp32 under model.data_parallel_sharding=ddp and with "
+        "trainer.precision 32 or 16 (autocast over fp32 weights), and bf16 under FSDP (shard_grad_op, "
+        "full_shard, hybrid_shard) with trainer.precision=bf16 (the weights gathered in bf16)"
+    ),
+}
+
+
 def refused_value(dotted: str, value: object, siblings: dict | None = None) -> str | None:
     """Why an ignored key's `value` cannot be ignored (it would change the model or the data), or None.
     `siblings`: the keys of its section as given, for a value that is harmless beside one of them."""
@@ -372,6 +382,8 @@ def refused_value(dotted: str, value: object, siblings: dict | None = None) -> s
         return None
     default = allowed[0]
     instead = f"; {INSTEAD[dotted]}" if dotted in INSTEAD else ""
+    if dotted in NOT_A_SWITCH:
+        return f"'{dotted}: {value!r}' {NOT_A_SWITCH[dotted]}; set it to {default!r} (NeMo's default) or leave it out"
     return (
         f"'{dotted}: {value!r}' asks for {change}, which gptrain does not implement; "
         f"set it to {default!r} (NeMo's default) or leave it out{instead}"

@@ -269,7 +269,6 @@ def test_a_monitor_no_save_records_or_an_unknown_mode_is_one_line_naming_the_key
         ("model.transformer_block_type=post_ln", False),
         ("model.data.shuffle_documents=false", False),
         ("model.fp32_residual_connection=0", True),  # NeMo reads 0 as false
-        ("model.fp32_residual_connection=1", False),
         ("model.layernorm_zero_centered_gamma=true", True),  # layernorm1p: the same function
         ("trainer.accumulate_grad_batches=1", True),  # the launcher's configs carry it
         ("trainer.accumulate_grad_batches=4", False),  # NeMo raises; ignored, it trained a 4x smaller batch
@@ -285,6 +284,22 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
     message = str(error.value)
     assert override.split("=")[0] in message and "does not implement" in message and "\n" not in message
     assert "NeMo's default" in message
+
+
+@pytest.mark.parametrize("value", ["true", "1"])
+def test_fp32_residual_connection_is_refused_saying_what_precision_the_stream_has(value):
+    """NeMo's fp32_residual_connection=true was refused as "an fp32 residual stream, which gptrain does not
+    implement", yet under DDP (autocast over fp32 weights) the stream is fp32 already; under FSDP with
+    bf16 it is bf16 (the weights gathered in bf16). The line says which runs where, and why no switch."""
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [f"model.fp32_residual_connection={value}"])
+    message = str(error.value)
+    assert "does not implement" not in message and "\n" not in message
+    assert (
+        "model.fp32_residual_connection" in message
+        and "fp32 under model.data_parallel_sharding=ddp" in message
+    )
+    assert "bf16 under FSDP" in message and "NeMo's default" in message
 
 
 @pytest.mark.parametrize(
