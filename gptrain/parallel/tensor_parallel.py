@@ -73,6 +73,46 @@ class ReplicateParallel(ParallelStyle):
         )
 
 
+def cast_to_autocast_dtype(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Forward pre-hook: the first input in the autocast dtype where autocast is on for its device.
+
+    A norm's output is fp32 (the fp32 residual stream; CUDA autocast runs layer_norm and rms_norm
+    in fp32), and the column linears that read it cast it to bf16/fp16 anyway. Cast before the
+    input is gathered (SP), the all-gather carries 16 bits, and in the backward the gradient is
+    summed over the linears and reduced (reduce-scatter under SP, all-reduce without) in 16 bits
+    too, as Megatron sends them: each was fp32, 1.5x the bytes of a block's TP traffic. The
+    forward is unchanged bit for bit; without autocast (fp32, float64) this does nothing.
+    """
+    x = args[0] if args else None
+    # fp32 only: autocast leaves float64 alone, and a 16-bit input is no wider than its cast
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+        return None
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return None
+    return (x.to(torch.get_autocast_dtype(device)), *args[1:])
+
+
+class _CastInputFirst:
+    """Mixin for a style whose module casts its input anyway: `cast_to_autocast_dtype` runs before
+    the style's own input hook redistributes that input. A subclass, not a wrapper, so that
+    whatever reads a plan by its styles' types (tests/plan's parameter counts) still sees them."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module = super()._apply(module, device_mesh)  # type: ignore[misc]
+        # looked up here, not at import: tests/distributed/tp_autocast_worker.py swaps it for a no-op
+        module.register_forward_pre_hook(cast_to_autocast_dtype, prepend=True)
+        return module
+
+
+class AutocastPrepareModuleInput(_CastInputFirst, PrepareModuleInput):
+    """PrepareModuleInput of a sublayer whose column linears read its first input."""
+
+
+class AutocastColwiseParallel(_CastInputFirst, ColwiseParallel):
+    """ColwiseParallel that gathers (SP) and reduces its input's gradient in the autocast dtype."""
+
+
 def _norm_style(sequence_parallel: bool) -> ParallelStyle:
     return SequenceParallel() if sequence_parallel else ReplicateParallel()
 
@@ -90,9 +130,9 @@ def _gather_input(
     """
     rest = (None,) * extra_inputs
     layouts = {"input_layouts": (act_layout, *rest), "desired_input_layouts": (Replicate(), *rest)}
-    if prepare is not None:
+    if prepare is not None:  # gathered as float8: no 16-bit cast before it
         return prepare(**layouts, fwd_config_submodule_fqn=first_linear)
-    return PrepareModuleInput(**layouts)
+    return AutocastPrepareModuleInput(**layouts)
 
 
 def block_plan(
@@ -157,7 +197,8 @@ def top_plan(model: nn.Module, sequence_parallel: bool, loss_parallel: bool) -> 
     if getattr(model, "norm", None) is not None:
         plan["norm"] = _norm_style(sequence_parallel)
     if getattr(model, "output", None) is not None:
-        plan["output"] = ColwiseParallel(
+        # the final norm's output, gathered (SP) and its gradient reduced in the autocast dtype
+        plan["output"] = AutocastColwiseParallel(
             input_layouts=act_layout,
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,

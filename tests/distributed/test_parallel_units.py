@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from gloo_ranks import free_port
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptrain.config import TrainingConfig
@@ -311,7 +312,7 @@ def test_fp8_tp_plan_gives_torchaos_float8_styles_to_float8_linears_only() -> No
     take the plain styles (torchao's float8 styles reject an nn.Linear at startup) and the MLP input
     is gathered unconverted; the attention keeps the float8 styles and its float8 input cast."""
     pytest.importorskip("torchao")
-    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     from torchao.float8.float8_tensor_parallel import (
         Float8ColwiseParallel,
         Float8RowwiseParallel,
@@ -319,7 +320,7 @@ def test_fp8_tp_plan_gives_torchaos_float8_styles_to_float8_linears_only() -> No
     )
 
     from gptrain.parallel.float8 import apply_fp8
-    from gptrain.parallel.tensor_parallel import block_plan
+    from gptrain.parallel.tensor_parallel import AutocastPrepareModuleInput, block_plan
 
     config = GPTConfig(
         vocab_size=64, seq_length=8, num_layers=1, hidden_size=64, num_attention_heads=4, ffn_hidden_size=176
@@ -334,7 +335,7 @@ def test_fp8_tp_plan_gives_torchaos_float8_styles_to_float8_linears_only() -> No
         "attention.wk": Float8ColwiseParallel,
         "attention.wv": Float8ColwiseParallel,
         "attention.wo": Float8RowwiseParallel,
-        "mlp": PrepareModuleInput,
+        "mlp": AutocastPrepareModuleInput,  # cast to the autocast dtype, then gathered
         "mlp.w1": ColwiseParallel,
         "mlp.w2": RowwiseParallel,
     }
@@ -433,3 +434,19 @@ def test_compile_under_tp_with_recompute_is_refused_exactly_where_this_torch_fai
             assert "tensors_saved_with_vc_check" in outcome, outcome  # the failure the check names
             with pytest.raises(ConfigError, match=f"fails in torch {re.escape(torch.__version__)}"):
                 check_compile_under_tp_recompute(2, granularity)
+
+
+def test_the_tp_input_cast_acts_only_on_fp32_under_autocast() -> None:
+    """gptrain.parallel.tensor_parallel casts a sublayer's input before it is gathered, to the dtype
+    the column linears would cast it to: only an fp32 input, only where autocast is on for its
+    device (float64 runs, the layout tests' precision, and fp32 runs go through untouched)."""
+    from gptrain.parallel.tensor_parallel import cast_to_autocast_dtype
+
+    fp32, rope = torch.ones(2, 3), torch.ones(3)
+    assert cast_to_autocast_dtype(nn.Identity(), (fp32, rope)) is None
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
+            cast, kept = cast_to_autocast_dtype(nn.Identity(), (fp32, rope))
+            assert cast.dtype == dtype and torch.equal(cast.float(), fp32) and kept is rope
+            assert cast_to_autocast_dtype(nn.Identity(), (fp32.double(),)) is None
+            assert cast_to_autocast_dtype(nn.Identity(), (fp32.bfloat16(),)) is None
