@@ -9,7 +9,9 @@
              (pp - 1) / (v m) of a step when they are equal (Narayanan et al. 2021, sec. 2.2)
   TP       = per layer and micro batch 4 collectives of b s h activation bytes (2 forward,
              2 backward; all-reduce, or all-gather + reduce-scatter with SP: the same bytes),
-             each moving 2 (t - 1) / t of its size per GPU (ring), 2 more with full recompute
+             each moving 2 (t - 1) / t of its size per GPU (ring), 2 more with full recompute;
+             per micro batch one more for the embedding's output (first rank) and one for the
+             final norm's (last rank)
   PP       = each micro batch sends b s h / (t if SP) elements of the residual stream (fp32, bf16
              under FSDP's bf16 gather) forward and back per chunk boundary
   DP       = gradient all-reduce 2 (d - 1)/d x 4 bytes/param (fp32), once per step; or FSDP over
@@ -159,14 +161,10 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
     compute, launch = computes[slowest], launches[slowest]
     m = layout.microbatches(work.global_batch_size)
     bubble = (sum(busy) - busy[slowest]) / (layout.vpp * m)
-    most_layers = max(layout.rank_layers(c.num_layers))  # the fullest rank's per-layer collectives
-    act = 2 if work.mixed else 4
     tokens = layout.micro_batch_size * c.seq_length
     tp_comm = pp_comm = dp_comm = 0.0
     if layout.tp > 1:
-        calls = 4 + (2 if layout.recompute == "full" else 0)
-        per_call = 2 * (layout.tp - 1) / layout.tp * tokens * c.hidden_size * act
-        tp_comm = calls * per_call * most_layers * m / _bandwidth(cluster, layout.tp, 1)
+        tp_comm = tp_seconds(work, layout, cluster, c)
     if layout.pp > 1:
         shard = layout.tp if layout.sequence_parallel else 1
         per_send = tokens * c.hidden_size * residual_bytes(work, layout) / shard
@@ -181,6 +179,22 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
     elif layout.dp > 1:
         dp_comm = fsdp_seconds(work, layout, cluster, c)
     return StepTime(compute, launch, bubble, tp_comm, pp_comm, dp_comm)
+
+
+def tp_seconds(work: Workload, layout: Layout, cluster: Cluster, c: GPTConfig) -> float:
+    """TP's traffic in one step on the pipeline rank that sends the most, in b s h elements per
+    micro batch: per layer 4 collectives (6 with full recompute) of 16-bit elements under autocast
+    (gptrain.parallel.tensor_parallel casts each gathered norm output, so every block collective is
+    16-bit, as Megatron's), fp32 otherwise; the first rank also reduces the embedding's output (the
+    residual stream's dtype) and the last gathers the final norm's output (cast as a block's)."""
+    act = 2 if work.mixed else 4
+    calls = 4 + (2 if layout.recompute == "full" else 0)
+    per_rank = [calls * act * layers for layers in layout.rank_layers(c.num_layers)]
+    per_rank[0] += residual_bytes(work, layout)
+    per_rank[-1] += act
+    elements = 2 * (layout.tp - 1) / layout.tp * layout.micro_batch_size * c.seq_length * c.hidden_size
+    m = layout.microbatches(work.global_batch_size)
+    return max(per_rank) * elements * m / _bandwidth(cluster, layout.tp, 1)
 
 
 def fsdp_seconds(work: Workload, layout: Layout, cluster: Cluster, c: GPTConfig) -> float:
