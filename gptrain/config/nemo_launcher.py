@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gptrain.config.yamlio import as_switch
 from gptrain.errors import ConfigError
 
 # Stages of the NeMo launcher that gptrain does not run (their group files need not exist).
@@ -241,7 +242,7 @@ def _stages_from_switches(cfg: Any) -> list[str]:
     present = [name for name in RUN_SWITCHES if f"run_{name}" in cfg]
     if not present:
         return []
-    chosen = [name for name in present if _truthy(cfg.get(f"run_{name}"))]
+    chosen = [name for name in present if _switch(f"run_{name}", cfg.get(f"run_{name}"))]
     for name in present:
         del cfg[f"run_{name}"]
     foreign = [n for n in chosen if n not in ("data_preparation", "training")]
@@ -254,8 +255,13 @@ def _stages_from_switches(cfg: Any) -> list[str]:
     return [f"run_{n}: {FOREIGN_STAGE_REASON}" for n in foreign]
 
 
-def _truthy(value: Any) -> bool:
-    return value is True or str(value).lower() in ("true", "1", "yes")
+def _switch(key: str, value: Any) -> bool:
+    """A NeMo switch as OmegaConf reads a bool field (on/off, y/n, 1/0 too: only true/1/yes were on,
+    so `run_training=on` dropped the stage unseen); null is off, anything else a ConfigError."""
+    switch = False if value is None else as_switch(value)
+    if switch is None:
+        raise ConfigError(f"{key}: expected true or false, got {value!r} ({type(value).__name__})")
+    return switch
 
 
 def is_pile_download(section: Any) -> bool:
@@ -287,8 +293,8 @@ def adapt_pile_download(
         "output_dir": data_dir,
         "output_name_prefix": "my-gpt3_",
         "extract": True,
-        "keep_compressed": not _truthy(section.get("rm_downloaded", True)),
-        "keep_extracted": not _truthy(section.get("rm_extracted", True)),
+        "keep_compressed": not _switch("data_preparation.rm_downloaded", section.get("rm_downloaded", True)),
+        "keep_extracted": not _switch("data_preparation.rm_extracted", section.get("rm_extracted", True)),
         "tokenizer": {
             "type": str(section.get("tokenizer_type") or "GPT2BPETokenizer"),
             "vocab_file": f"{section.get('vocab_save_dir') or data_dir + '/bpe'}/vocab.json",
@@ -300,11 +306,12 @@ def adapt_pile_download(
         "blend": {"file": f"{data_dir}/blend.yaml", "weights": "tokens"},
         "workers": section.get("workers", "auto"),  # NeMo tokenizes with --workers $SLURM_CPUS_ON_NODE
     }
-    if not _truthy(section.get("download_the_pile", True)) or not _truthy(
-        section.get("preprocess_data", True)
-    ):
+    if not all(_switch(f"data_preparation.{key}", section.get(key, True)) for key in PILE_STEPS):
         notes.append("data_preparation.download_the_pile/preprocess_data=False (the stage always does both)")
     return adapted, notes
+
+
+PILE_STEPS = ("download_the_pile", "preprocess_data")  # NeMo's switches; gptrain's stage does both
 
 
 def _bignlp_run(section: dict[str, Any], results_dir: str, notes: list[str]) -> dict[str, Any]:

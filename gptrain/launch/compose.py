@@ -35,6 +35,7 @@ from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError, printable
 from gptrain.launch.added_keys import check_added_keys
 from gptrain.launch.defaults_merge import groups_under_root, merge_section, own_section_keys
+from gptrain.launch.key_types import boolean
 from gptrain.launch.override_apply import apply_override, closest, parse_overrides
 from gptrain.utils.overrides import (
     HYDRA_SETTINGS_REASON,
@@ -300,7 +301,7 @@ def compose(
         absolutize_paths(cfg)
         notes += adapt_nemo_data_preparation(cfg)
         nemo_launcher.report(notes)
-        if cfg.get("unique_output"):
+        if unique_output(cfg):
             make_unique(cfg, now if now is not None else time.time())
         check_stages(cfg, root / f"{config_name}.yaml")
     except OmegaConfBaseException as error:
@@ -308,6 +309,13 @@ def compose(
             _to_container(cfg, resolve=True, overrides=given, files=files)
         raise ConfigError(_unresolved(error, given, files)) from None
     return Composition(cfg, choices, root, given, files)
+
+
+def unique_output(cfg: DictConfig) -> bool:
+    """`unique_output`, read here before check_launch_sections types it: `no`, `off`, a quoted
+    'false' are off (truthiness read them as on: each relaunch in a new directory, from scratch)."""
+    value = cfg.get("unique_output")
+    return bool(boolean("unique_output", OmegaConf.to_object(value) if OmegaConf.is_config(value) else value))
 
 
 def register_now() -> None:

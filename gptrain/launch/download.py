@@ -21,6 +21,7 @@ import yaml
 from gptrain.errors import ConfigError, DataError, GptrainError, os_error_text
 from gptrain.launch.data_blend import apply_blend, write_blend
 from gptrain.launch.extraction import extract, strip_compression
+from gptrain.launch.key_types import switch_of
 from gptrain.launch.resumable_download import download, remove_part
 from gptrain.launch.shards import Shard, parse_shards
 from gptrain.launch.tokenize_step import output_prefix, tokenize_command, tokenize_prefix
@@ -79,8 +80,9 @@ def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable)
         return prefix
     if not plain.exists() or plain == raw:
         raw = download(shard, raw, *retry_settings(cfg))
-        plain = extract(raw, keep=bool(cfg.get("keep_compressed"))) if cfg.get("extract", True) else raw
-        if plain != raw and not cfg.get("keep_extracted", True):
+        keep = switch_of(cfg, "keep_compressed", False, "data_preparation")
+        plain = extract(raw, keep=keep) if switch_of(cfg, "extract", True, "data_preparation") else raw
+        if plain != raw and not switch_of(cfg, "keep_extracted", True, "data_preparation"):
             extracted_mark(plain).touch()  # this stage's to remove once tokenized, in this task or a rerun
     prefix.parent.mkdir(parents=True, exist_ok=True)
     command = tokenize_command(cfg, plain, tokenize_prefix(cfg, shard), python)
@@ -101,7 +103,7 @@ def remove_extracted(cfg: dict[str, Any], raw: Path, plain: Path) -> None:
     """Remove the text the stage extracted from a shard's archive, once tokenized (NeMo's rm_extracted:
     about 28 GB a Pile shard), unless keep_extracted; text the stage did not extract is never removed."""
     mark = extracted_mark(plain)
-    if plain == raw or cfg.get("keep_extracted", True) or not mark.exists():
+    if plain == raw or switch_of(cfg, "keep_extracted", True, "data_preparation") or not mark.exists():
         return
     plain.unlink(missing_ok=True)
     mark.unlink(missing_ok=True)

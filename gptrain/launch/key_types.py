@@ -114,6 +114,12 @@ def boolean(key: str, value: Any) -> bool | None:
     return switch
 
 
+def switch_of(section: Any, key: str, default: bool, where: str) -> bool:
+    """An on/off key of a stage's section as the job reads it: `no`, `off`, a quoted 'false' are off
+    (truthiness read the text as on); absent is `default`, null off; anything else a ConfigError."""
+    return bool(boolean(f"{where}.{key}", section.get(key, default)))
+
+
 # sbatch's --exclusive=<mode>: nodes shared only with the user's own jobs (user), jobs of the same
 # MCS label (mcs), or within a topology segment (topo, Slurm 24.05+: preflight.EXCLUSIVE_MODE_SINCE).
 EXCLUSIVE_MODES = ("user", "mcs", "topo")

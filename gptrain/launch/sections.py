@@ -54,6 +54,7 @@ TOP: dict[str, Check] = {
     "container_mounts": words,
     "wandb_api_key_file": path_name,
     "env_vars": env_vars,
+    "unique_output": boolean,  # compose reads it first (compose.unique_output)
 }
 CLUSTER: dict[str, Check] = {
     "partition": scalar,
@@ -100,8 +101,12 @@ STAGE: dict[str, dict[str, Check]] = {
         "retries": non_negative,  # attempts; 0 makes one, as 1 does
         "backoff_seconds": seconds,
         "timeout_seconds": timeout_seconds,
+        "extract": boolean,
+        "keep_compressed": boolean,
+        "keep_extracted": boolean,
+        "append_eod": boolean,
     },
-    "validation": {"checks": scalar},
+    "validation": {"checks": scalar, "exclude_failed": boolean},
 }
 
 

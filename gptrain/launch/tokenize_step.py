@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gptrain.launch.key_types import switch_of
 from gptrain.launch.shards import Shard
 
 
@@ -32,7 +33,7 @@ def tokenize_command(cfg: dict[str, Any], source: Path, prefix: Path, python: st
             command += [flag, str(tokenizer[key])]
     command += tiktoken_flags(tokenizer)
     command += ["--json-keys", json_key(cfg)]
-    if cfg.get("append_eod", True):
+    if switch_of(cfg, "append_eod", True, "data_preparation"):
         command.append("--append-eod")
     return command + ["--workers", str(worker_count(cfg.get("workers")))]
 
