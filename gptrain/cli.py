@@ -15,7 +15,7 @@ import sys
 from gptrain import __version__
 from gptrain.errors import ConfigError, GptrainError, error_text, os_error_text
 from gptrain.utils.limits import raise_open_file_limit
-from gptrain.utils.overrides import OVERRIDE
+from gptrain.utils.overrides import OVERRIDE_WORD
 from gptrain.utils.signals import Terminated, recording_interrupts
 
 # Modules with a `register(subparsers)` function; each must not import torch at module level.
@@ -134,7 +134,7 @@ def run_command(argv: list[str] | None) -> int:
     if chosen is not parser and subcommands(chosen):  # before the extras: `checkpoint --sizes-only RUN`
         refuse_a_group_without_its_subcommand(chosen)
     if extra:  # `key=value` overrides may also follow the options (`eval RUN --json F key=value`)
-        if not hasattr(args, "overrides") or not all(OVERRIDE.match(item) for item in extra):
+        if not hasattr(args, "overrides") or not all(OVERRIDE_WORD.match(item) for item in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     handler = getattr(args, "func", None)

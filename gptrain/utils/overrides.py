@@ -18,6 +18,10 @@ from gptrain.errors import ConfigError, non_utf8, printable
 
 # a word of the command line that is an override in one of Hydra's forms, not a preset or a path
 OVERRIDE = re.compile(r"^(\+\+|\+)?[A-Za-z_][\w.]*=|^~[A-Za-z_][\w.]*(=|$)")
+# a word after the options that is an override (split_override takes any key): also an sbatch option
+# name (`cluster.additional_parameters.gpu-bind=none`) or a Hydra setting (`hydra/job_logging=x`).
+# Not OVERRIDE itself: `gptrain eval --data-prefix` tells prefixes (`data/a=b/x`) from overrides by it.
+OVERRIDE_WORD = re.compile(r"^(\+\+|\+)?[A-Za-z_][^=\s]*=|^~[A-Za-z_][^=\s]*(=|$)")
 _FORM = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[^=]*)(?P<sep>=?)(?P<text>.*)$", re.S)
 
 

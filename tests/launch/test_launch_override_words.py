@@ -1,0 +1,44 @@
+"""Overrides wherever they stand on the command line, and the files the launch's errors name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gptrain.cli import main
+
+SLURM = ["cluster_type=slurm", "training.trainer.num_nodes=1"]
+
+
+@pytest.mark.parametrize("after", [False, True])
+def test_an_sbatch_option_override_after_an_option_is_taken(after, tmp_path, capsys, monkeypatch):
+    """argparse leaves a word after --dry-run to the extras, which took only keys of [\\w.]: an
+    sbatch option name (gpu-bind) there was 'unrecognized arguments', though taken before it."""
+    monkeypatch.chdir(tmp_path)
+    words = ["cluster.additional_parameters.gpu-bind=none", "+cluster.additional_parameters.mail-type=END"]
+    args = ["launch", *SLURM, f"base_results_dir={tmp_path}/r", "--dry-run", *words]
+    if not after:
+        args = ["launch", "--dry-run", *SLURM, f"base_results_dir={tmp_path}/r", *words]
+    assert main(args) == 0, capsys.readouterr().err
+    [script] = (tmp_path / "r").glob("*/dry-run/*_submission.sh")
+    assert "#SBATCH --gpu-bind=none" in script.read_text()
+    assert "#SBATCH --mail-type=END" in script.read_text()
+
+
+def test_a_hydra_setting_after_an_option_is_ignored_as_before_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", *SLURM, f"base_results_dir={tmp_path}/r", "--dry-run", "hydra/job_logging=disabled"]
+    assert main(args) == 0
+    assert "ignoring hydra/job_logging=disabled: Hydra's own settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("word", ["/abs/path=1", "-x=1", "not-an-override"])
+def test_a_word_after_an_option_that_is_no_override_is_still_unrecognized(
+    word, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["launch", *SLURM, f"base_results_dir={tmp_path}/r", "--dry-run", word])
+    assert "unrecognized arguments" in capsys.readouterr().err
+    assert not Path(tmp_path / "r").exists()
