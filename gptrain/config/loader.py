@@ -255,7 +255,7 @@ def _apply_override(root: DictConfig, override: str) -> list[str]:
             _check_key(root, key, form)
         path = f"training.{key}"
     value = override_value(form)
-    if form.delete and key == "run.name":  # its default would put any preset's run in gpt3_126m's directory
+    if form.delete and key in ("run", "run.name"):  # the default name: gpt3_126m's directory, any preset
         raise ConfigError(
             f"override '{override}': a run needs a name (its results directory); set run.name=NAME"
         )

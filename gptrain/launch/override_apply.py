@@ -85,7 +85,7 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
     (a preset file lists only some of the keys gptrain accepts).
     """
     if override.form.delete:
-        if override.key == "training.run.name":
+        if override.key in ("training.run", "training.run.name"):  # ~training.run deletes the name too
             raise ConfigError(
                 f"override '{override.typed}': a run needs a name (its results directory); set it"
             )

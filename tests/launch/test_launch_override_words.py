@@ -42,3 +42,24 @@ def test_a_word_after_an_option_that_is_no_override_is_still_unrecognized(
         main(["launch", *SLURM, f"base_results_dir={tmp_path}/r", "--dry-run", word])
     assert "unrecognized arguments" in capsys.readouterr().err
     assert not Path(tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("override", ["~run", "~training.run", "~run.name", "~training.run.name"])
+def test_deleting_the_run_section_is_refused_as_deleting_its_name(override):
+    """`~run.name` is refused: its default would put a 5b run in gpt3_126m's directory. `~run` (or
+    `~training.run`) deleted the name with the section and trained (and resumed) there all the same."""
+    from gptrain.config import load_training_config
+    from gptrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^override '{override}': a run needs a name"):
+        load_training_config("gpt3/5b", [override], report_ignored=False)
+    assert load_training_config("gpt3/5b", ["~exp_manager"], report_ignored=False).run.name == "gpt3_5b"
+
+
+def test_the_launch_refuses_deleting_the_training_run_section_naming_the_override():
+    """It was refused, but by the unresolvable ${.name} of explicit_log_dir, naming the group file."""
+    from gptrain.errors import ConfigError
+    from gptrain.launch.compose import compose
+
+    with pytest.raises(ConfigError, match=r"^override '~training.run': a run needs a name"):
+        compose(["training=gpt3/5b", "~training.run"])
