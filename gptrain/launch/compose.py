@@ -303,7 +303,7 @@ def compose(
         nemo_launcher.report(notes)
         if unique_output(cfg):
             make_unique(cfg, now if now is not None else time.time())
-        check_stages(cfg, root / f"{config_name}.yaml")
+        check_stages(cfg, config_path)
     except OmegaConfBaseException as error:
         if not getattr(error, "full_key", None):  # `cfg.get` errors name no key; resolving all does
             _to_container(cfg, resolve=True, overrides=given, files=files)

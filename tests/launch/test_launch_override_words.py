@@ -63,3 +63,14 @@ def test_the_launch_refuses_deleting_the_training_run_section_naming_the_overrid
 
     with pytest.raises(ConfigError, match=r"^override '~training.run': a run needs a name"):
         compose(["training=gpt3/5b", "~training.run"])
+
+
+@pytest.mark.parametrize("config_name", ["config", "config.yaml"])
+def test_the_stages_error_names_the_launcher_config_as_it_is_on_disk(config_name):
+    """`--config-name config.yaml` was found (.yaml stripped), but the stages error named config.yaml.yaml."""
+    from gptrain.errors import ConfigError
+    from gptrain.launch.compose import CONFIG_ROOT, compose
+
+    with pytest.raises(ConfigError) as caught:
+        compose(["stages=[]"], config_name=config_name)
+    assert str(caught.value).startswith(f"{CONFIG_ROOT / 'config.yaml'}: 'stages' must be a non-empty list")
