@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,34 @@ def test_the_stages_error_names_the_launcher_config_as_it_is_on_disk(config_name
     with pytest.raises(ConfigError) as caught:
         compose(["stages=[]"], config_name=config_name)
     assert str(caught.value).startswith(f"{CONFIG_ROOT / 'config.yaml'}: 'stages' must be a non-empty list")
+
+
+def test_quoted_keys_of_a_dict_override_are_the_keys_unquoted():
+    """Hydra's `{'lr':1e-3}`: the key is lr, as in Hydra's grammar (a quoted key is its text)."""
+    from gptrain.config import load_training_config
+    from gptrain.config.yamlio import parse_value
+
+    assert parse_value("{'lr':1e-3, \"name\":adam}") == {"lr": 1e-3, "name": "adam"}
+    default = load_training_config("gpt3/126m", report_ignored=False).model.optim
+    optim = load_training_config("gpt3/126m", ["model.optim={'lr':1e-3}"], report_ignored=False).model.optim
+    assert optim.lr == 1e-3 and optim.weight_decay == default.weight_decay  # merged, the others kept
+
+
+@pytest.mark.parametrize("choice", ["1_0", "1.50", "010"])
+def test_a_group_choice_yaml_reads_as_a_number_picks_the_file_named_as_typed(choice, tmp_path):
+    """`cluster=1_0`: Hydra types the value 10, but a group choice is a file name, spelt as typed."""
+    import shutil
+
+    from gptrain.launch.compose import CONFIG_ROOT, compose
+
+    root = tmp_path / "conf"
+    shutil.copytree(CONFIG_ROOT, root)
+    text = re.sub(
+        r"(?m)^partition:.*$",
+        f"partition: from_{choice.replace('.', '_')}",
+        (root / "cluster/bcm.yaml").read_text(),
+    )
+    (root / f"cluster/{choice}.yaml").write_text(text)
+    comp = compose([f"cluster={choice}"], root)
+    assert comp.choices["cluster"] == choice
+    assert comp.resolved()["cluster"]["partition"] == f"from_{choice.replace('.', '_')}"
