@@ -18,6 +18,7 @@ from gptrain.launch.additional_parameters import (
 )
 from gptrain.launch.compose import CONFIG_ROOT, STAGES, compose
 from gptrain.launch.download import tokenizer_downloads
+from gptrain.launch.key_types import switch_of
 from gptrain.launch.live_jobs import blend_readers, cancel_never_starting, refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import (
@@ -120,7 +121,7 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
             "`python -m gptrain` inside it; set container=null or an image with gptrain installed"
         )
     exp_manager = (plan.configs.get("training") or {}).get("exp_manager") or {}
-    saving = exp_manager.get("create_checkpoint_callback", True)
+    saving = switch_of(exp_manager, "create_checkpoint_callback", True, "training.exp_manager")
     if (
         plan.cluster_type == "slurm"
         and "training" in stages

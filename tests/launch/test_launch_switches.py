@@ -122,3 +122,24 @@ def test_nemo_pile_rm_switches_read_on_and_off(value, keep):
     section["rm_extracted"] = "maybe"
     with pytest.raises(ConfigError, match=r"^data_preparation.rm_extracted: expected true or false"):
         adapt_pile_download(section, "/data")
+
+
+@pytest.mark.parametrize("value", OFF)
+def test_the_launchs_notes_read_the_training_switches_as_the_training_does(value, tmp_path):
+    """The launch read exp_manager's switches from the raw section: `no` was on, so a launch saving no
+    checkpoints was told about requeues, and a relaunch without resume was not told how to resume."""
+    from gptrain.launch.executors.local import resume_override
+    from gptrain.launch.launcher import launch_notes
+
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "training.trainer.num_nodes=1"]
+    no_requeue = [*args, "cluster.max_requeues=0"]
+    plan = build_plan(compose([*no_requeue, f"training.exp_manager.create_checkpoint_callback={value}"]))
+    assert not [note for note in launch_notes(plan, ["training"]) if "max_requeues is" in note]
+    assert [
+        note
+        for note in launch_notes(build_plan(compose(no_requeue)), ["training"])
+        if "max_requeues is" in note
+    ]
+    plan = build_plan(compose([*args, f"training.exp_manager.resume_if_exists={value}"]))
+    assert resume_override(plan) == " and training.exp_manager.resume_if_exists=true"
+    assert resume_override(build_plan(compose(args))) == ""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from gptrain.errors import EXIT_REQUEUE, os_error_text
+from gptrain.launch.key_types import switch_of
 from gptrain.launch.log_endings import early_stop
 from gptrain.launch.records import append_record, process_start_time
 from gptrain.launch.sbatch import Job
@@ -99,7 +100,9 @@ def resume_override(plan: LaunchPlan) -> str:
     the override that makes it the resume."""
     exp_manager = (plan.configs.get("training") or {}).get("exp_manager") or {}
     return (
-        "" if exp_manager.get("resume_if_exists", True) else " and training.exp_manager.resume_if_exists=true"
+        ""
+        if switch_of(exp_manager, "resume_if_exists", True, "training.exp_manager")
+        else " and training.exp_manager.resume_if_exists=true"
     )
 
 
