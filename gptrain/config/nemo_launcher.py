@@ -181,7 +181,7 @@ def slurm_launcher_keys(cluster: Any) -> list[str]:
             " into one run directory; the data preparation's array is data_preparation.run.node_array_size);"
             " remove it"
         )
-    if cluster.get("heterogeneous") not in (None, False):
+    if _switch("cluster.heterogeneous", cluster.get("heterogeneous")):  # `no`, `off`: dropped, as false
         raise ConfigError(
             "cluster.heterogeneous=true: gptrain submits each stage as one job, every rank in one job step"
             " of training.trainer.num_nodes nodes, not as a heterogeneous job; remove it"

@@ -143,3 +143,28 @@ def test_the_launchs_notes_read_the_training_switches_as_the_training_does(value
     plan = build_plan(compose([*args, f"training.exp_manager.resume_if_exists={value}"]))
     assert resume_override(plan) == " and training.exp_manager.resume_if_exists=true"
     assert resume_override(build_plan(compose(args))) == ""
+
+
+@pytest.mark.parametrize("value", [*OFF, "null"])
+def test_nemos_heterogeneous_off_in_any_spelling_is_dropped(value):
+    """`+cluster.heterogeneous=no` was refused as `heterogeneous=true`: only null and false were off."""
+    from gptrain.config.nemo_launcher import slurm_launcher_keys
+
+    cluster = {"heterogeneous": yaml_value(value)}
+    assert slurm_launcher_keys(cluster) == [] and cluster == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"), [("on", "heterogeneous=true: gptrain"), ("maybe", "heterogeneous: expected true")]
+)
+def test_nemos_heterogeneous_on_or_no_switch_is_refused(value, message):
+    from gptrain.config.nemo_launcher import slurm_launcher_keys
+
+    with pytest.raises(ConfigError, match=rf"^cluster\.{message}"):
+        slurm_launcher_keys({"heterogeneous": value})
+
+
+def yaml_value(text: str):
+    from gptrain.config.yamlio import parse_value
+
+    return parse_value(text)
