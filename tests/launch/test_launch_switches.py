@@ -168,3 +168,35 @@ def yaml_value(text: str):
     from gptrain.config.yamlio import parse_value
 
     return parse_value(text)
+
+
+@pytest.mark.parametrize("value", ["no", "off", "false", "N"])
+def test_a_shard_prepared_with_keep_switches_off_leaves_neither_archive_nor_text(
+    value, tmp_path, monkeypatch
+):
+    """The job's own reading, for a stage file that reached it unchecked: `keep_compressed: no` kept
+    the download and `extract: no` (truthy) still extracted."""
+    import subprocess
+
+    import zstandard
+
+    from gptrain.launch import download
+
+    source = tmp_path / "src" / "a.jsonl.zst"
+    source.parent.mkdir()
+    source.write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "x"}\n'))
+    cfg = {
+        "shards": [source.as_uri()],
+        "download_dir": str(tmp_path / "dl"),
+        "output_dir": str(tmp_path / "out"),
+        "keep_compressed": value,
+        "keep_extracted": value,
+        "extract": "yes",
+    }
+    monkeypatch.setattr(download.subprocess, "run", lambda command: subprocess.CompletedProcess(command, 0))
+    download.prepare_shard(cfg, 0)
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == []
+    cfg["extract"] = value
+    (tmp_path / "out").rename(tmp_path / "out0")
+    download.prepare_shard(cfg, 0)
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["a.jsonl.zst"]  # not extracted, kept
