@@ -1,4 +1,4 @@
-"""torchrun that ends with its workers' own exit code (2, 75, 76), and passes SIGTERM on.
+"""torchrun that ends with its workers' own exit code (2, 75, 76), and passes stop signals on.
 
 torchrun ends with 1 whatever its workers exited with, so a local launch (`cluster_type=local`)
 whose ranks stopped at a checkpoint to be requeued, or after a hang, reported a failure, and a
@@ -7,8 +7,9 @@ on when it is one of gptrain's own (PASSED_ON); anything else is 1, as torchrun 
 ends it with the shell's 130 and one line, not torchrun's traceback.
 
 On SIGTERM (or SIGHUP) torchrun itself stops: it signals its workers and kills them 30 s later,
-whether or not they have written the checkpoint they save on that signal. Here the signal is
-passed to the workers and torchrun goes on watching them, so they save and exit 75.
+whether or not they have written the checkpoint they save on that signal; SIGUSR1 (Slurm's
+warning signal) it does not handle at all, so it died of it and left its workers training. Here
+all three are passed to the workers and torchrun goes on watching them, so they save and exit 75.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE
 
-# Signals torchrun handles itself (its TORCHELASTIC_SIGNALS_TO_HANDLE); SIGTERM and SIGHUP are ours.
+# Signals torchrun handles itself (its TORCHELASTIC_SIGNALS_TO_HANDLE); SIGTERM, SIGHUP, SIGUSR1 are ours.
 TORCHRUN_SIGNALS = "SIGINT,SIGQUIT"
 # Worker exit codes that mean something to whoever launched the job: a usage or config error (2,
 # not worth a retry), a checkpoint saved for a requeue (75), a hang (76). Others are failures (1).
@@ -40,11 +41,13 @@ def worker_pids(parent: int | str = "self") -> list[int]:
 
 
 def pass_to_workers(signum: int, frame: object) -> None:
-    """The stop request goes to the ranks, which checkpoint and exit 75 (gptrain.train.signals)."""
-    del signum, frame
+    """The stop request goes to the ranks, which checkpoint and exit 75 (gptrain.train.signals): as
+    SIGUSR1 when that came (their stop line names it), else SIGTERM (they do not handle SIGHUP)."""
+    del frame
+    passed = signal.SIGUSR1 if signum == signal.SIGUSR1 else signal.SIGTERM
     for pid in worker_pids():
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, passed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             argv = [f"--signals-to-handle={TORCHRUN_SIGNALS}", *argv]
     else:
         os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(signum, pass_to_workers)
     try:
         torchrun_main(argv)

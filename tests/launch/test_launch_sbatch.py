@@ -318,6 +318,14 @@ def test_sigterm_to_local_torchrun_reaches_the_workers_which_save_and_exit_75(tm
     assert returncode == 75, err[-2000:]
 
 
+def test_sigusr1_to_local_torchrun_reaches_the_workers_as_sigusr1_which_save_and_exit_75(tmp_path):
+    """Slurm's warning signal (documented: checkpoint at the next step, exit 75) killed the wrapper
+    (-10) and left its workers training with nobody watching them."""
+    saving = ["signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))"]  # the run names the signal it got
+    returncode, err = signal_local_torchrun(tmp_path, saving, signal.SIGUSR1, wait=60)
+    assert returncode == 75, err[-2000:]
+
+
 def test_ctrl_c_to_local_torchrun_ends_it_with_the_shells_130_not_a_traceback(tmp_path):
     """torchrun raises its SignalException out of main on SIGINT: Python's exit 1 and a traceback,
     which `gptrain status` read as a failed run."""
