@@ -10,14 +10,30 @@ job id, on any of its nodes; Slurm's answers are read as "ended" only when it sa
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# Slurm states in which a job may still write into the directory.
-LIVE_JOB_STATES = ("RUNNING", "PENDING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING")
+# Slurm's terminal base states: a job shown in one of them runs no process and never will again. Any
+# other state counts as live, whatever its name: scontrol shows a state flag in place of the base
+# state (a running job is STOPPED, SIGNALING, STAGE_OUT ...; gptrain.launch.job_states lists those
+# `gptrain status` counts as active), and a list of the live ones read a flag it missed as ended.
+ENDED_JOB_STATES = frozenset(
+    (
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -85,14 +101,18 @@ def pid_alive(pid: int) -> bool:
 
 
 def slurm_job_live(job_id: str) -> bool | None:
-    """True/False when scontrol answers; None when it cannot be asked."""
+    """True/False when scontrol answers; None when it cannot be asked or names no state. Ended only
+    when Slurm says so: every record in a terminal state, or the job no longer known."""
     try:
         out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return False if "Invalid job id" in out.stderr else None
-    return any(f"JobState={state}" in out.stdout for state in LIVE_JOB_STATES)
+    states = re.findall(r"\bJobState=(\S+)", out.stdout)  # an array job: a record per task
+    if not states:
+        return None
+    return any(state not in ENDED_JOB_STATES for state in states)
 
 
 def squeue_job_names(job_id: str) -> set[str]:

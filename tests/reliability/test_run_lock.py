@@ -17,6 +17,7 @@ from reliability_helpers import PYTHON_GPTRAIN, files_cannot_grow, start_ranks, 
 
 from gptrain.cli import main
 from gptrain.errors import EXIT_REQUEUE, ConfigError
+from gptrain.launch.job_states import ACTIVE_STATES
 from gptrain.train.earlier_run import check_fresh_start
 from gptrain.train.run_lock import LOCK_NAME, Holder, RunLockedError, acquire
 
@@ -199,6 +200,67 @@ def test_another_host_is_refused_unless_slurm_says_its_job_ended(tmp_path, monke
     with pytest.raises(RunLockedError):
         acquire(tmp_path, holder(host="node-b", slurm_job_id="42"))
     (bin_dir / "scontrol").write_text("#!/bin/bash\necho 'JobId=41 JobState=TIMEOUT'\n")
+    assert "no longer running" in acquire(tmp_path, holder(host="node-b", slurm_job_id="42")).notes[0]
+
+
+def scontrol_says(tmp_path: Path, monkeypatch, state: str) -> None:
+    """An scontrol on PATH whose `show job` gives job 41 in `state`, as Slurm's job_state_string
+    prints it (a state flag such as STOPPED in place of the base state)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    record = f"JobId=41 JobName=train\n   UserId=u(1) GroupId=g(1)\n   JobState={state} Reason=None Dependency=(null)"
+    (bin_dir / "scontrol").write_text(f"#!/bin/bash\necho '{record}'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+
+# Every state gptrain status counts as active, and Slurm's other holds: processes may still write.
+STILL_LIVE = sorted(
+    {*ACTIVE_STATES, "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "UPDATE_DB", "POWER_UP_NODE", "RECONFIG_FAIL"}
+)
+ENDED = (
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+)
+
+
+@pytest.mark.parametrize("state", STILL_LIVE)
+def test_a_job_slurm_shows_by_a_state_flag_keeps_its_lock(tmp_path, monkeypatch, state):
+    """A running job shown STOPPED (SIGSTOPped, allocation kept), SIGNALING or STAGE_OUT was read as
+    'no longer running' and its lock taken over: two runs writing one directory."""
+    acquire(tmp_path, holder(host="node-a", pid=1, slurm_job_id="41"))
+    scontrol_says(tmp_path, monkeypatch, state)
+    with pytest.raises(RunLockedError, match="Slurm job 41"):
+        acquire(tmp_path, holder(host="node-b", slurm_job_id="42"))
+
+
+@pytest.mark.parametrize("state", ENDED)
+def test_a_job_in_a_terminal_state_gives_up_its_lock(tmp_path, monkeypatch, state):
+    acquire(tmp_path, holder(host="node-a", pid=1, slurm_job_id="41"))
+    scontrol_says(tmp_path, monkeypatch, state)
+    assert (
+        "Slurm job 41 is no longer running"
+        in acquire(tmp_path, holder(host="node-b", slurm_job_id="42")).notes[0]
+    )
+
+
+def test_a_job_slurm_no_longer_knows_gives_up_its_lock_and_an_answer_without_a_state_does_not(
+    tmp_path, monkeypatch
+):
+    acquire(tmp_path, holder(host="node-a", pid=1, slurm_job_id="41"))
+    scontrol_says(tmp_path, monkeypatch, "RUNNING")
+    (tmp_path / "bin" / "scontrol").write_text("#!/bin/bash\necho 'JobId=41 JobName=train'\n")
+    with pytest.raises(RunLockedError, match="Slurm job 41"):  # no JobState: not understood, kept
+        acquire(tmp_path, holder(host="node-b", slurm_job_id="42"))
+    gone = "#!/bin/bash\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n"
+    (tmp_path / "bin" / "scontrol").write_text(gone)
     assert "no longer running" in acquire(tmp_path, holder(host="node-b", slurm_job_id="42")).notes[0]
 
 
