@@ -17,7 +17,7 @@ def agree_before_training(s: Session, agreement: StopAgreement, stop: StopReques
     """Whether every rank stops before the first step. Watched as the first step's boundary (its
     allowance: ranks end start-up at different times), so a rank stuck in start-up is named, not
     waited on until the collective timeout."""
-    with s.watchdog.boundary(s.state.step + 1):
+    with s.watchdog.boundary(s.state.step + 1, "start"):
         return agreement.exchange(stop.signalled(), read_now=True)
 
 

@@ -117,6 +117,9 @@ class Watchdog:
         self._first: int | None = None  # this process's first iteration (a resumed run's is not 1)
         self._iteration = 0
         self._steps_done = 0
+        # watched sections entered: every rank runs the same ones in the same order (each holds a
+        # collective or waits on one), so a rank that entered fewer is behind, one that entered more past
+        self._sections = 0
         self._beat: dict[str, Any] | None = None  # this rank's progress, as the store should show it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -146,15 +149,18 @@ class Watchdog:
     def step(self, iteration: int) -> Iterator[None]:
         """Watch one training step (1-based iteration, as in the log lines)."""
         stop_here_for_tests(self.rank, iteration)
-        with self.boundary(iteration):
-            yield
+        self._mark(iteration, "in")
+        yield
+        self._mark(iteration, "done")
 
     @contextmanager
-    def boundary(self, iteration: int) -> Iterator[None]:
+    def boundary(self, iteration: int, phase: str = "end") -> Iterator[None]:
         """Watch the work at the end of a step that every rank must get through before the next one
         (its log line, the stop agreement's exchange): a rank blocked on a hung file system there
-        holds every other rank in the exchange, outside any step."""
-        self._mark(iteration, "in")
+        holds every other rank in the exchange, outside any step. Its own phase: a rank here is past
+        step `iteration`, so one still inside that step is the stuck one. "start": start-up's end,
+        before the first step (`iteration`), where the ranks agree whether to train."""
+        self._mark(iteration, phase)
         yield
         self._mark(iteration, "done")
 
@@ -162,16 +168,19 @@ class Watchdog:
         """On the training thread, every step: memory only, never a store call."""
         if not self.enabled:
             return
-        beat = {
-            "host": self.host,
-            "pid": self.pid,
-            "iteration": iteration,
-            "phase": phase,
-            "time": time.time(),
-        }
         with self._lock:
+            entered = phase != "done"
+            self._sections += entered
+            beat = {
+                "host": self.host,
+                "pid": self.pid,
+                "iteration": iteration,
+                "phase": phase,
+                "section": self._sections,
+                "time": time.time(),
+            }
             self._iteration = iteration
-            if phase == "in":
+            if entered:
                 self._since = time.monotonic()
                 if self._first is None:
                     self._first = iteration
@@ -289,7 +298,8 @@ class Watchdog:
         return None
 
     def diagnose(self, iteration: int) -> str:
-        """One line: which ranks never entered `iteration` while the others wait inside it."""
+        """One line: which ranks never entered this rank's watched section (in `iteration`) while the
+        others wait inside it, or which are still inside it when others are past it."""
         waited = f"{self.timeout_s:.0f} s (trainer.hang_timeout_minutes)"
         if self.store is None:
             return f"hang: rank {self.rank} on host {self.host} (pid {self.pid}) made no progress in iteration {iteration} for {waited}"
@@ -306,23 +316,27 @@ class Watchdog:
                 f"hang: {named}: not heard from since (its process died, its node was lost, or it is frozen),"
                 f" while rank {self.rank} waited in iteration {iteration} for {waited}"
             )
-        waiting = [r for r, b in beats.items() if b["iteration"] == iteration and b["phase"] == "in"]
-        past = [r for r, b in beats.items() if _past(b, iteration)]
+        with self._lock:
+            mine = self._beat or {"iteration": iteration, "phase": "in", "section": self._sections}
+        here = _position(mine)
+        waiting = [r for r, b in beats.items() if _position(b) == here]
+        past = [r for r, b in beats.items() if _position(b) > here]
         stuck = [r for r in range(self.world_size) if r not in waiting and r not in past]
+        place = _place(mine)
         if not stuck and past:  # the others finished it and went on: those still inside are stuck
             named = "; ".join(describe(r, beats.get(r)) for r in waiting)
             return (
-                f"hang: stuck {named}: inside iteration {iteration} for {waited}, which rank(s)"
+                f"hang: stuck {named}: inside {place} for {waited}, which rank(s)"
                 f" {', '.join(map(str, past))} finished"
             )
         if not stuck:
             return (
-                f"hang: all {self.world_size} ranks are inside iteration {iteration} with no progress for"
+                f"hang: all {self.world_size} ranks are inside {place} with no progress for"
                 f" {waited}: a collective or a kernel is stuck (noticed by rank {self.rank} on host {self.host})"
             )
         named = "; ".join(describe(r, beats.get(r)) for r in stuck)
         return (
-            f"hang: stuck {named}: it never started iteration {iteration}, which rank(s)"
+            f"hang: stuck {named}: it never started {place}, which rank(s)"
             f" {', '.join(map(str, waiting))} waited in for {waited}"
         )
 
@@ -380,9 +394,17 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _past(beat: dict[str, Any], iteration: int) -> bool:
-    """The rank finished `iteration` (a later one, or this one done)."""
-    return beat["iteration"] > iteration or (beat["iteration"] == iteration and beat["phase"] == "done")
+def _position(beat: dict[str, Any]) -> tuple[int, bool]:
+    """How far a rank got: the watched sections it entered, and whether it left the last."""
+    return int(beat.get("section", 0)), beat["phase"] == "done"
+
+
+def _place(beat: dict[str, Any]) -> str:
+    """The watched section a beat is in (or, done, the one it left: a step's end is its step's), in words."""
+    iteration, phase = beat["iteration"], beat["phase"]
+    if phase == "start":
+        return f"the end of start-up, before iteration {iteration}"
+    return f"the end of iteration {iteration}" if phase == "end" else f"iteration {iteration}"
 
 
 def describe(rank: int, beat: dict[str, Any] | None) -> str:
@@ -390,7 +412,4 @@ def describe(rank: int, beat: dict[str, Any] | None) -> str:
         return f"rank {rank} (no heartbeat)"
     where = "finishing" if beat["phase"] == "done" else "inside"
     age = time.time() - float(beat["time"])
-    return (
-        f"rank {rank} on host {beat['host']} (pid {beat['pid']}), last seen {where} iteration"
-        f" {beat['iteration']} ({age:.0f} s ago)"
-    )
+    return f"rank {rank} on host {beat['host']} (pid {beat['pid']}), last seen {where} {_place(beat)} ({age:.0f} s ago)"

@@ -124,19 +124,59 @@ def test_the_rank_stuck_inside_a_step_the_others_finished_is_named_not_them():
     for dog in dogs_:
         with dog.step(1):
             pass
+        with dog.boundary(1):
+            pass
     zero, one, two = dogs_
-    with one.step(2):
-        pass  # rank 1 finished step 2 and waits between steps
+    for dog in (zero, one):
+        with dog.step(2):
+            pass
+    with zero.boundary(2):
+        pass
     threads = [watch(dog) for dog in dogs_]
     with two.step(2):  # rank 2 stuck in step 2 (overdue first: it entered first)
         time.sleep(0.2)
-        with zero.step(3):  # rank 0 inside step 3, waiting for rank 2 in its first collective
+        # rank 1 waits in step 2's end (the stop agreement's exchange), as the loop does; rank 0 went
+        # on past it (an unlogged step's flag is read a step late) and waits in step 3's first collective
+        with one.boundary(2), zero.step(3):
             for thread in threads:
                 thread.join(timeout=15)
     assert exits == [EXIT_HUNG] * 3
     fired = two.fired
     assert fired.startswith("hang: stuck rank 2 on host ") and "inside iteration 2 for " in fired, fired
     assert fired.endswith("which rank(s) 0, 1 finished"), fired
+
+
+@pytest.mark.parametrize("first", ["stuck", "waiting"])
+def test_a_rank_stuck_in_a_step_is_named_while_the_others_wait_in_its_end(first):
+    """Every rank but the stuck one finished step 2 and waits in its end's exchange (gloo every step,
+    NCCL at each logged one): their beat was the stuck rank's, so the line said "all 2 ranks are
+    inside iteration 2 ... a collective or a kernel is stuck" and named nobody. Whichever rank times
+    out first, rank 1 is named."""
+    (zero, one), exits, _ = dogs(2, 0.3)
+    for dog in (zero, one):
+        with dog.step(1):
+            pass
+        with dog.boundary(1):
+            pass
+    with zero.step(2):
+        pass
+    threads = [watch(zero), watch(one)]
+    with contextlib.ExitStack() as inside:
+        order = [one.step(2), zero.boundary(2)] if first == "stuck" else [zero.boundary(2), one.step(2)]
+        inside.enter_context(order[0])
+        time.sleep(0.15)
+        inside.enter_context(order[1])
+        for thread in threads:
+            thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] * 2 and zero.fired == one.fired
+    host = socket.gethostname()
+    if first == "stuck":
+        assert zero.fired.startswith(f"hang: stuck rank 1 on host {host}"), zero.fired
+        assert "inside iteration 2 for " in zero.fired and zero.fired.endswith("which rank(s) 0 finished")
+    else:
+        assert zero.fired.startswith(f"hang: stuck rank 1 on host {host}"), zero.fired
+        assert "last seen inside iteration 2" in zero.fired
+        assert "it never started the end of iteration 2, which rank(s) 0 waited in" in zero.fired
 
 
 def test_the_first_step_gets_more_time_and_the_time_between_steps_none():
@@ -203,7 +243,8 @@ def gone_or_waiting(silent_s: float) -> str:
     written `silent_s` ago."""
     store, now = FakeStore(), time.time()
     zero = Watchdog(0, 2, 600.0, store, exit_fn=lambda code: None, out=io.StringIO())
-    beat = {"host": "n2", "pid": 42, "iteration": 5, "phase": "in", "time": now - 700, "seen": now - silent_s}
+    beat = {"host": "n2", "pid": 42, "iteration": 5, "phase": "in", "section": 2, "time": now - 700}
+    beat["seen"] = now - silent_s
     store.data[watchdog.beat_key(1)] = json.dumps(beat).encode()
     with zero.step(4), zero.step(5):
         zero.publish()
