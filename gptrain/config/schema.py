@@ -81,8 +81,9 @@ class TrainerConfig:
     max_consecutive_nonfinite: int = 5
     """gptrain extension: stop after this many non-finite iterations in a row."""
     hang_timeout_minutes: float = 10.0
-    """gptrain extension: a rank whose training step makes no progress for this long (after its
-    first step) ends the job with exit 76, naming the stuck rank and host; 0 disables the watchdog."""
+    """gptrain extension: a rank whose training step (or global batch of a validation or test split)
+    makes no progress for this long (5 times this for its first step and first evaluated batch) ends
+    the job with exit 76, naming the stuck rank and host; 0 disables the watchdog."""
     run_ahead: bool = True
     """gptrain extension: queue the next step's forward/backward before reading a step's loss and
     grad norm, where the update needs no host decision (fused AdamW on the GPU, bf16/fp32, no FSDP2

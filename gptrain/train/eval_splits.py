@@ -3,6 +3,7 @@ lines and the dashboard scalars, and the test split a run resumed at max_steps s
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from gptrain.checkpoint.agreement import rank_0s
@@ -65,12 +66,26 @@ def has_batches(data: GPTBatchDataset | None, batches: int) -> bool:
 
 
 def evaluate(
-    s: Session, data: GPTBatchDataset, num_batches: int, stop_check: StopCheck | None = None
+    s: Session,
+    data: GPTBatchDataset,
+    num_batches: int,
+    stop_check: StopCheck | None = None,
+    split: str = "validation",
 ) -> float:
-    """Token-weighted mean loss over the first `num_batches` global batches of `data`."""
+    """Token-weighted mean loss over the first `num_batches` global batches of `data`, each watched
+    by the hang watchdog as a step is."""
     m = s.cfg.model
+    watch = partial(s.watchdog.evaluation, s.state.step, split)
     setup = EvalSetup(
-        s.model, s.step_opts, s.device, m.micro_batch_size, s.num_microbatches, s.dp_rank, s.dp_size, m.seed
+        s.model,
+        s.step_opts,
+        s.device,
+        m.micro_batch_size,
+        s.num_microbatches,
+        s.dp_rank,
+        s.dp_size,
+        m.seed,
+        watch,
     )
     return evaluate_loss(setup, data, num_batches, stop_check).loss
 
@@ -90,7 +105,7 @@ def evaluate_split(
         return None
     split = "test split" if tag == TB_TEST_LOSS else "validation"
     with s.doing(f"in the {split} of iteration {s.state.step}"):
-        loss = evaluate(s, data, batches, stop_check)
+        loss = evaluate(s, data, batches, stop_check, split)
     if s.logging_rank:
         for where in blocks:
             for line in format_validation_lines(s.state.step, loss, where):

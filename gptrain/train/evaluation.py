@@ -7,8 +7,10 @@ of per-token losses, not of per-batch means), reduced over data-parallel ranks i
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +32,13 @@ class EvalSetup:
     dp_rank: int = 0
     dp_size: int = 1
     seed: int = 0
+    # watches each global batch (1-based) and, given None, the closing reduction: the run's hang
+    # watchdog (Watchdog.evaluation), which names a rank stuck in it; none for `gptrain eval`
+    watch: Callable[[int | None], AbstractContextManager[object]] | None = None
+
+
+def _watched(setup: EvalSetup, batch: int | None) -> AbstractContextManager[object]:
+    return setup.watch(batch) if setup.watch is not None else contextlib.nullcontext()
 
 
 # Asked before each global batch: the reason every rank stops evaluating now, or None to go on.
@@ -98,17 +107,24 @@ def _evaluate_local(setup: EvalSetup, loader, num_batches: int, stop_check: Stop
     loss_sum = torch.zeros((), dtype=torch.float64, device=setup.device)
     tokens = torch.zeros((), dtype=torch.float64, device=setup.device)
     seen = 0
-    for _, microbatch in zip(range(num_batches * setup.num_microbatches), loader, strict=False):
-        if seen % setup.num_microbatches == 0:
-            _stop_if_asked(stop_check)
-        batch = to_device(microbatch, setup.device)
-        with autocast(setup.device.type, opts.precision):
-            loss_sum += opts.loss_fn(setup.model, batch).double()
-        tokens += batch["loss_mask"].sum().double()
-        seen += 1
-    total_tokens = opts.reduce_sum(tokens)
-    loss = opts.reduce_sum(loss_sum) / total_tokens.clamp(min=1)
-    return EvalResult(float(loss.item()), int(total_tokens.item()), -(-seen // setup.num_microbatches))
+    with contextlib.ExitStack() as watching:  # one global batch's watch at a time
+        for _, microbatch in zip(range(num_batches * setup.num_microbatches), loader, strict=False):
+            if seen % setup.num_microbatches == 0:
+                watching.close()
+                watching.enter_context(_watched(setup, seen // setup.num_microbatches + 1))
+                _stop_if_asked(stop_check)
+            batch = to_device(microbatch, setup.device)
+            with autocast(setup.device.type, opts.precision):
+                loss_sum += opts.loss_fn(setup.model, batch).double()
+            tokens += batch["loss_mask"].sum().double()
+            seen += 1
+        watching.close()
+        with _watched(setup, None):
+            total_tokens = opts.reduce_sum(tokens)
+            loss = opts.reduce_sum(loss_sum) / total_tokens.clamp(min=1)
+            return EvalResult(
+                float(loss.item()), int(total_tokens.item()), -(-seen // setup.num_microbatches)
+            )
 
 
 def _evaluate_parallel(
@@ -117,13 +133,14 @@ def _evaluate_parallel(
     loss_sum = tokens = 0.0
     batches = 0
     for _ in range(num_batches):
-        _stop_if_asked(stop_check)
-        microbatches = [mb for _, mb in zip(range(setup.num_microbatches), loader, strict=False)]
-        if len(microbatches) < setup.num_microbatches:
-            break
-        batch_loss, batch_tokens = setup.step_opts.eval_fn(
-            setup.model, microbatches, setup.step_opts.precision
-        )
-        loss_sum, tokens = loss_sum + float(batch_loss), tokens + float(batch_tokens)
+        with _watched(setup, batches + 1):
+            _stop_if_asked(stop_check)
+            microbatches = [mb for _, mb in zip(range(setup.num_microbatches), loader, strict=False)]
+            if len(microbatches) < setup.num_microbatches:
+                break
+            batch_loss, batch_tokens = setup.step_opts.eval_fn(
+                setup.model, microbatches, setup.step_opts.precision
+            )
+            loss_sum, tokens = loss_sum + float(batch_loss), tokens + float(batch_tokens)
         batches += 1
     return EvalResult(loss_sum / max(tokens, 1.0), int(tokens), batches)

@@ -20,7 +20,10 @@ rank prints it, and once all have acknowledged (or GRACE_SECONDS after the line 
 exits with EXIT_HUNG (76), which the rendered batch script requeues; the requeued run resumes
 from the last complete checkpoint.
 
-Only the step is watched: checkpoint saves and validation may legitimately take long.
+Watched: each step, its end, start-up's end, and each global batch of a validation or test split
+(as long as a step's forward: a rank hung there, on a data mount or a GPU, held the others in the
+evaluation's collective until the process group's timeout, whose NCCL abort is not requeued), each
+with the step's timeout. Not watched: checkpoint saves, which may legitimately take long.
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ class Watchdog:
         # watched sections entered: every rank runs the same ones in the same order (each holds a
         # collective or waits on one), so a rank that entered fewer is behind, one that entered more past
         self._sections = 0
+        self._evaluated = False  # an evaluation's batch was watched (the first gets FIRST_STEP_FACTOR)
         self._beat: dict[str, Any] | None = None  # this rank's progress, as the store should show it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -164,13 +168,32 @@ class Watchdog:
         yield
         self._mark(iteration, "done")
 
-    def _mark(self, iteration: int, phase: str) -> None:
+    @contextmanager
+    def evaluation(self, iteration: int, split: str, batch: int | None) -> Iterator[None]:
+        """Watch one global batch (1-based) of the `split` ("validation", "test split") evaluated after
+        step `iteration`, or with batch None its closing reduction. Left done however it ends: a stop
+        gives the evaluation up from inside a batch (EvaluationStopped), and the save that follows is
+        not watched."""
+        self._mark(iteration, "eval", split=split, batch=batch)
+        try:
+            yield
+        finally:
+            self._mark(iteration, "done")
+
+    def _mark(self, iteration: int, phase: str, **where: object) -> None:
         """On the training thread, every step: memory only, never a store call."""
         if not self.enabled:
             return
         with self._lock:
             entered = phase != "done"
             self._sections += entered
+            last = self._beat or {}
+            # a beat of a section left says which (an evaluation's, its split and batch)
+            left = (
+                {}
+                if entered
+                else {"of": last.get("phase"), "split": last.get("split"), "batch": last.get("batch")}
+            )
             beat = {
                 "host": self.host,
                 "pid": self.pid,
@@ -178,9 +201,15 @@ class Watchdog:
                 "phase": phase,
                 "section": self._sections,
                 "time": time.time(),
+                **where,
+                **left,
             }
             self._iteration = iteration
-            if entered:
+            if entered and phase == "eval":  # the first evaluation's first batch may compile too
+                self._since = time.monotonic()
+                self._budget = self.timeout_s * (FIRST_STEP_FACTOR if not self._evaluated else 1)
+                self._evaluated = True
+            elif entered:
                 self._since = time.monotonic()
                 if self._first is None:
                     self._first = iteration
@@ -301,12 +330,15 @@ class Watchdog:
         """One line: which ranks never entered this rank's watched section (in `iteration`) while the
         others wait inside it, or which are still inside it when others are past it."""
         waited = f"{self.timeout_s:.0f} s (trainer.hang_timeout_minutes)"
+        with self._lock:
+            mine = self._beat or {"iteration": iteration, "phase": "in", "section": self._sections}
+        place = _place(mine)
         if self.store is None:
-            return f"hang: rank {self.rank} on host {self.host} (pid {self.pid}) made no progress in iteration {iteration} for {waited}"
+            return f"hang: rank {self.rank} on host {self.host} (pid {self.pid}) made no progress in {place} for {waited}"
         beats = self.read_beats()
         if beats is None:  # the store's server is rank 0's: it ended, its node with it perhaps
             return (
-                f"hang: rank {self.rank} on host {self.host} made no progress in iteration {iteration} for"
+                f"hang: rank {self.rank} on host {self.host} made no progress in {place} for"
                 f" {waited} and cannot reach the job's store, which rank 0 serves: rank 0 is most likely gone"
                 " (its process died or its node was lost)"
             )
@@ -314,15 +346,12 @@ class Watchdog:
             named = "; ".join(describe(r, beats[r]) for r in silent)
             return (
                 f"hang: {named}: not heard from since (its process died, its node was lost, or it is frozen),"
-                f" while rank {self.rank} waited in iteration {iteration} for {waited}"
+                f" while rank {self.rank} waited in {place} for {waited}"
             )
-        with self._lock:
-            mine = self._beat or {"iteration": iteration, "phase": "in", "section": self._sections}
         here = _position(mine)
         waiting = [r for r, b in beats.items() if _position(b) == here]
         past = [r for r, b in beats.items() if _position(b) > here]
         stuck = [r for r in range(self.world_size) if r not in waiting and r not in past]
-        place = _place(mine)
         if not stuck and past:  # the others finished it and went on: those still inside are stuck
             named = "; ".join(describe(r, beats.get(r)) for r in waiting)
             return (
@@ -402,8 +431,15 @@ def _position(beat: dict[str, Any]) -> tuple[int, bool]:
 def _place(beat: dict[str, Any]) -> str:
     """The watched section a beat is in (or, done, the one it left: a step's end is its step's), in words."""
     iteration, phase = beat["iteration"], beat["phase"]
+    if phase == "done":
+        phase = "in" if beat.get("of") in (None, "end", "done") else beat["of"]
     if phase == "start":
         return f"the end of start-up, before iteration {iteration}"
+    if phase == "eval":
+        split = beat.get("split") or "evaluation"
+        if beat.get("batch") is None:
+            return f"the end of the {split} after iteration {iteration}"
+        return f"global batch {beat['batch']} of the {split} after iteration {iteration}"
     return f"the end of iteration {iteration}" if phase == "end" else f"iteration {iteration}"
 
 

@@ -12,6 +12,8 @@ python rank_hooks.py signal-in-save RANK ITERATION gptrain-args...   that rank g
                                                             saves the checkpoint of ITERATION
 python rank_hooks.py signal-in-test RANK gptrain-args...   that rank gets SIGUSR1 while its first
                                                             micro-batch of the test split is evaluated
+python rank_hooks.py stop-in-validation RANK gptrain-args...   that rank's validation loader never
+                                                            gives its first micro-batch (a hung data mount)
 python rank_hooks.py signal-in-startup RANK gptrain-args...   that rank gets SIGTERM while it loads
                                                             the checkpoint (start-up, before step 1)
 python rank_hooks.py nan-from RANK ITERATION gptrain-args...   that rank's training loss is NaN from
@@ -128,6 +130,25 @@ def signal_in_test(signalled_rank: int) -> None:
 
     eval_splits.evaluate_split = noting_the_test_split
     evaluation.to_device = signalled_while_testing
+
+
+def stop_in_validation(stopped_rank: int) -> None:
+    evaluate_split, build_loader = eval_splits.evaluate_split, evaluation.build_loader
+    validating = {"now": False}
+
+    def noting_the_validation(s, data, batches, where, tag, *stop_check):
+        validating["now"] = tag != TB_TEST_LOSS and s.world.rank == stopped_rank
+        return evaluate_split(s, data, batches, where, tag, *stop_check)
+
+    def never_delivering(*args, **kwargs):
+        loader = build_loader(*args, **kwargs)
+        if not validating["now"]:
+            return loader
+        print(f"rank {stopped_rank}: its validation data never comes", file=sys.stderr, flush=True)
+        return iter(lambda: time.sleep(3600), object())  # a read that never returns
+
+    eval_splits.evaluate_split = noting_the_validation
+    evaluation.build_loader = never_delivering
 
 
 def signal_in_startup(signalled_rank: int) -> None:
@@ -251,6 +272,7 @@ HOOKS = {  # name: (install, how many integer arguments it takes)
     "complete-full-slow": (complete_full_slow, 2),
     "signal-before-start": (signal_before_start, 1),
     "signal-in-startup": (signal_in_startup, 1),
+    "stop-in-validation": (stop_in_validation, 1),
     "report-index-builds": (report_index_builds, 0),
     "none": (lambda: None, 0),
 }
@@ -261,6 +283,7 @@ PATCHED = [
     (gpt_dataset, "build_gpt_indices"),
     (eval_splits, "evaluate_split"),
     (evaluation, "to_device"),
+    (evaluation, "build_loader"),
     (resuming, "resume"),
     (gptrain.config, "load_training_config"),
     (builders, "build_step_options"),

@@ -11,13 +11,15 @@ import io
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
-from reliability_helpers import start_ranks
+from reliability_helpers import finish_ranks, start_ranks
 
 from gptrain.errors import EXIT_HUNG
 from gptrain.train import watchdog
@@ -238,6 +240,58 @@ def test_a_hang_inside_the_step_on_every_rank_says_so():
     assert exits == [EXIT_HUNG, EXIT_HUNG] and "all 2 ranks are inside iteration 2" in zero.fired
 
 
+def test_a_rank_stuck_in_a_validation_batch_the_others_finished_is_named_in_words_of_validation():
+    """Validation was not watched at all; each of its global batches now is, and the line says where."""
+    (zero, one), exits, _ = dogs(2, 0.3)
+    for dog in (zero, one):
+        with dog.step(1):
+            pass
+        with dog.boundary(1):
+            pass
+    with zero.evaluation(1, "validation", 1):
+        pass
+    threads = [watch(zero), watch(one)]
+    with one.evaluation(1, "validation", 1):  # stuck (a GPU fault after the batch's collectives)
+        time.sleep(0.15)
+        with zero.evaluation(1, "validation", None):  # rank 0 waits in the closing reduction
+            for thread in threads:
+                thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] * 2 and zero.fired == one.fired
+    host = socket.gethostname()
+    assert zero.fired.startswith(
+        f"hang: stuck rank 1 on host {host} (pid {os.getpid()}), last seen inside global batch 1 of the"
+        " validation after iteration 1"
+    ), zero.fired
+    # rank 1's first evaluated batch has FIRST_STEP_FACTOR timeouts: rank 0 may diagnose first
+    finished = "inside global batch 1 of the validation after iteration 1 for 0 s (trainer.hang_timeout_minutes), which rank(s) 0 finished"
+    waited = "it never started the end of the validation after iteration 1, which rank(s) 0 waited in"
+    assert zero.fired.endswith(finished) or waited in zero.fired, zero.fired
+
+
+def test_an_evaluation_given_up_inside_a_batch_is_not_watched_after_and_the_first_batch_gets_more_time():
+    """A stop gives an evaluation up from inside its batch (EvaluationStopped); the save that follows
+    may take long and is not watched. The process's first evaluated batch may compile its forward."""
+    [dog], exits, _ = dogs(1, 0.1)
+    with dog.step(1):
+        pass
+    thread = watch(dog)
+    with dog.evaluation(1, "test split", 1):
+        time.sleep(0.25)  # within FIRST_STEP_FACTOR timeouts
+    with pytest.raises(RuntimeError), dog.evaluation(1, "test split", 2):
+        raise RuntimeError("given up for a stop")
+    time.sleep(0.5)  # the stop's checkpoint save
+    dog.close()
+    thread.join(timeout=5)
+    assert exits == [] and dog.fired is None
+    [dog], exits, _ = dogs(1, 0.1)
+    with dog.evaluation(0, "validation", 1):
+        pass
+    with dog.evaluation(0, "validation", 2):  # the second batch has the step's time
+        thread = watch(dog)
+        thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] and "inside global batch 2 of the validation after iteration 0" in dog.fired
+
+
 def gone_or_waiting(silent_s: float) -> str:
     """Rank 0's diagnosis after 10 minutes in iteration 5, where rank 1's beat (also inside 5) was last
     written `silent_s` ago."""
@@ -435,6 +489,29 @@ def test_disabled_watchdog_does_nothing():
     with dog.step(1), dog.step(2):
         pass
     assert dog._thread is None and dog.fired is None
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_stopped_in_validation_ends_the_job_naming_it(tmp_path):
+    """Validation ran outside any watch: the other rank waited in its collective until the process
+    group's timeout (65 minutes with the defaults), then died of NCCL's abort (134, not requeued)
+    without naming the rank. Now its global batches are watched as a step is. Rank 1's validation
+    data never comes (a hung data mount)."""
+    hooked = [sys.executable, str(Path(__file__).with_name("rank_hooks.py")), "stop-in-validation", "1"]
+    settings = ["trainer.max_steps=100", "trainer.hang_timeout_minutes=0.05"]  # 3 s
+    validation = ["trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
+    started = time.monotonic()
+    processes = start_ranks(tmp_path / "run", [*settings, *validation], program=hooked)
+    outputs = finish_ranks(processes, timeout=120)
+    assert time.monotonic() - started < 100
+    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    host = socket.gethostname()
+    for _, err in outputs:
+        line = next(x for x in err.splitlines() if "hang: " in x)
+        assert line.startswith("gptrain: rank ") and f"hang: stuck rank 1 on host {host}" in line, line
+        assert f"(pid {processes[1].pid}), last seen finishing iteration 3" in line, line
+        assert "it never started global batch 1 of the validation after iteration 3, which rank(s) 0" in line
 
 
 @pytest.mark.distributed
