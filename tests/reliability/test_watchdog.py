@@ -229,6 +229,20 @@ def test_the_end_of_a_step_is_watched_as_the_step_is():
     assert exits == [EXIT_HUNG] and "iteration 1" in dog.fired
 
 
+def test_a_rank_stuck_in_start_up_is_named_by_the_rank_waiting_at_its_end():
+    """The ranks agree whether to train at start-up's end (a boundary before the first step); a rank
+    still building its indices there is named, and the line says start-up, not a step's end."""
+    (zero, one), exits, _ = dogs(2, 0.1)
+    with zero.boundary(1, "start"):  # its first: FIRST_STEP_FACTOR timeouts
+        for thread in [watch(zero), watch(one)]:
+            thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] * 2
+    assert zero.fired.startswith(
+        "hang: stuck rank 1 (no heartbeat): it never started the end of start-up, before iteration 1,"
+        " which rank(s) 0 waited in"
+    ), zero.fired
+
+
 def test_a_hang_inside_the_step_on_every_rank_says_so():
     (zero, one), exits, _ = dogs(2, 0.2)
     for dog in (zero, one):
