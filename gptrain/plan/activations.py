@@ -140,12 +140,23 @@ def _selective_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> floa
 def _norm_output_casts(work: Workload, layout: Layout, c: GPTConfig) -> int:
     """Eager casts of the two norm outputs: one per linear that reads them (q, k, v; w1 and w3 when
     gated), where gptrain.models.gpt.fused_linears runs a group as one GEMM, one per group. It
-    fuses plain linears with fp32 weights: not under TP or PP, not FP8 ones, not FSDP's bf16 gather."""
+    fuses plain linears with fp32 weights: not under TP or PP, not FP8 ones, not FSDP's bf16 gather.
+    Under TP a sublayer casts its input once, before gathering it
+    (gptrain.parallel.tensor_parallel.cast_to_autocast_dtype), and its column linears share that
+    copy: one per sublayer, unless all its column linears are FP8 (torchao gathers the input in
+    float8 then; counted per linear as before, not measured). Measured on 2 CPU ranks against the
+    saved tensors (tests/plan/test_plan_tp_saved.py)."""
     q, _ = _attention_widths(c)
     kv = c.query_groups * c.head_dim
-    plain = layout.tp == 1 and layout.pp == 1 and not fsdp_bf16(work, layout)  # separate_projections under PP
-    qkv_fused = plain and not (fp8_linear(work, c.hidden_size, q) or fp8_linear(work, c.hidden_size, kv))
-    mlp_fused = plain and c.gated_mlp and not fp8_linear(work, c.hidden_size, c.ffn_size)
+    h, t = c.hidden_size, layout.tp
+    if t > 1:
+        qkv_fp8 = fp8_linear(work, h, q // t) and fp8_linear(work, h, kv // t)
+        mlp_fp8 = fp8_linear(work, h, c.ffn_size // t)
+        mlp_linears = 2 if c.gated_mlp else 1
+        return (3 if qkv_fp8 else 1) + (mlp_linears if mlp_fp8 else 1)
+    plain = layout.pp == 1 and not fsdp_bf16(work, layout)  # separate_projections under PP
+    qkv_fused = plain and not (fp8_linear(work, h, q) or fp8_linear(work, h, kv))
+    mlp_fused = plain and c.gated_mlp and not fp8_linear(work, h, c.ffn_size)
     return (1 if qkv_fused else 3) + (1 if mlp_fused or not c.gated_mlp else 2)
 
 
