@@ -9,7 +9,8 @@
              (pp - 1) / (v m) of a step when they are equal (Narayanan et al. 2021, sec. 2.2)
   TP       = per layer and micro batch 4 collectives of b s h activation bytes (2 forward,
              2 backward; all-reduce, or all-gather + reduce-scatter with SP: the same bytes),
-             each moving 2 (t - 1) / t of its size per GPU (ring), 2 more with full recompute;
+             each moving 2 (t - 1) / t of its size per GPU (ring), 2 more for each block full
+             recompute reruns (all, or with method block the first N of each chunk);
              per micro batch one more for the embedding's output (first rank) and one for the
              final norm's (last rank)
   PP       = each micro batch sends b s h / (t if SP) elements of the residual stream (fp32, bf16
@@ -97,14 +98,22 @@ def recomputed_flops(work: Workload, layout: Layout) -> list[float]:
     c = work.model
     if layout.recompute == "full":
         per_layer, _ = layer_and_output_flops(work, layout)
-        n, stages = layout.recompute_num_layers, layout.stage_layers(c.num_layers)
-        done = [min(k, n) if n is not None else k for k in stages]
-        return [per_layer / 3.0 * sum(done[rank :: layout.pp]) for rank in range(layout.pp)]
+        return [per_layer / 3.0 * blocks for blocks in rebuilt_blocks(layout, c.num_layers)]
     if layout.recompute == "selective":
         tokens = work.global_batch_size * c.seq_length
         core = 2.0 * c.seq_length * c.num_attention_heads * c.head_dim * tokens
         return [core * layers for layers in layout.rank_layers(c.num_layers)]
     return [0.0] * layout.pp
+
+
+def rebuilt_blocks(layout: Layout, num_layers: int) -> list[int]:
+    """Blocks each pipeline rank reruns in its backward under full recompute: its chunks'
+    checkpointed ones (all of them, or with method block the first N of each); none otherwise."""
+    if layout.recompute != "full":
+        return [0] * layout.pp
+    n, stages = layout.recompute_num_layers, layout.stage_layers(num_layers)
+    done = [min(k, n) if n is not None else k for k in stages]
+    return [sum(done[rank :: layout.pp]) for rank in range(layout.pp)]
 
 
 def residual_bytes(work: Workload, layout: Layout) -> int:
@@ -183,13 +192,14 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
 
 def tp_seconds(work: Workload, layout: Layout, cluster: Cluster, c: GPTConfig) -> float:
     """TP's traffic in one step on the pipeline rank that sends the most, in b s h elements per
-    micro batch: per layer 4 collectives (6 with full recompute) of 16-bit elements under autocast
+    micro batch: per layer 4 collectives (6 for a block full recompute reruns) of 16-bit elements under autocast
     (gptrain.parallel.tensor_parallel casts each gathered norm output, so every block collective is
     16-bit, as Megatron's), fp32 otherwise; the first rank also reduces the embedding's output (the
     residual stream's dtype) and the last gathers the final norm's output (cast as a block's)."""
     act = 2 if work.mixed else 4
-    calls = 4 + (2 if layout.recompute == "full" else 0)
-    per_rank = [calls * act * layers for layers in layout.rank_layers(c.num_layers)]
+    layers = layout.rank_layers(c.num_layers)
+    rebuilt = rebuilt_blocks(layout, c.num_layers)
+    per_rank = [(4 * n + 2 * r) * act for n, r in zip(layers, rebuilt, strict=True)]
     per_rank[0] += residual_bytes(work, layout)
     per_rank[-1] += act
     elements = 2 * (layout.tp - 1) / layout.tp * layout.micro_batch_size * c.seq_length * c.hidden_size

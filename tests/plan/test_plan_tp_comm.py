@@ -67,3 +67,21 @@ def test_under_fsdp_in_bf16_the_embedding_output_is_reduced_in_bf16() -> None:
     layout = Layout(tp=2, dp=4, micro_batch_size=2, sharding="full_shard", sequence_parallel=True)
     expected = BATCH // 8 * (4 * LAYERS * 2 + 2 + 2) * ring(2, 2)
     assert tp_seconds(layout) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("method_layers", "rebuilt"), [(None, 12), (12, 12), (3, 3), (0, 0)])
+def test_full_recompute_reruns_the_forward_collectives_of_the_checkpointed_blocks_only(
+    method_layers: int | None, rebuilt: int
+) -> None:
+    """Full recompute with method block checkpoints the first N blocks of a chunk: only those run
+    their 2 forward collectives again in the backward. Every layer was counted at 6 whatever N."""
+    layout = Layout(tp=2, dp=4, micro_batch_size=2, recompute="full", recompute_num_layers=method_layers)
+    per_microbatch = 4 * LAYERS * 2 + 2 * rebuilt * 2 + 4 + 2
+    assert tp_seconds(layout) == pytest.approx(BATCH // 8 * per_microbatch * ring(2, 2), rel=1e-12)
+
+
+def test_under_a_pipeline_each_rank_reruns_the_collectives_of_its_own_checkpointed_blocks() -> None:
+    """TP2 x PP2 x VPP2, 3 layers a chunk, the first 2 of each checkpointed: 4 rebuilt blocks a
+    rank (not 6), so the first rank sends 6 x 8 + 4 x 4 + 4 bytes per element."""
+    layout = Layout(tp=2, pp=2, vpp=2, dp=2, micro_batch_size=1, recompute="full", recompute_num_layers=2)
+    assert tp_seconds(layout) == pytest.approx(BATCH // 2 * (6 * 8 + 4 * 4 + 4) * ring(2, 1), rel=1e-12)
