@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from gptrain.parallel.float8 import refresh_float8_scales
+from gptrain.parallel.float8 import is_float8_gathered, refresh_float8_scales
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 GROUPS = "param_groups."
@@ -57,7 +57,28 @@ def _rename(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
 
 
 def model_state_dict(model: nn.Module) -> dict[str, Any]:
-    return get_model_state_dict(model, options=OPTIONS)
+    """The model's weights as plain tensors (DTensors under FSDP/TP), sharing the live storage: DCP
+    loads into them in place."""
+    state = get_model_state_dict(model, options=OPTIONS)
+    return {key: _unwrapped(value) if is_float8_gathered(value) else value for key, value in state.items()}
+
+
+def _unwrapped(weight: torch.Tensor) -> torch.Tensor:
+    """A weight FSDP gathers as float8 over torchao's wrapper's own values: the wrapper's storage is a
+    placeholder that a copy storage by storage (the CPU background save's stager) took for the values,
+    and saving it pickles torchao's class into the checkpoint (DCP's weights-only tools refuse it)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(weight, DTensor):
+        return weight._tensor
+    return DTensor.from_local(
+        weight._local_tensor._tensor,
+        weight.device_mesh,
+        weight.placements,
+        run_check=False,
+        shape=weight.shape,
+        stride=weight.stride(),
+    )
 
 
 def load_model_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
