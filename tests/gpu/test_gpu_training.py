@@ -49,6 +49,23 @@ def has_fp8() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
+def record_float8_linears(monkeypatch) -> list[int]:
+    """The number of Float8Linear modules in each model chunk `apply_fp8` converted, as runs build them."""
+    from gptrain.parallel import parallelize
+    from gptrain.parallel.float8 import is_float8_linear
+
+    counts: list[int] = []
+    real = parallelize.apply_fp8
+
+    def counting(part, *args, **kwargs):
+        converted = real(part, *args, **kwargs)
+        counts.append(sum(is_float8_linear(module) for module in part.modules()))
+        return converted
+
+    monkeypatch.setattr(parallelize, "apply_fp8", counting)
+    return counts
+
+
 @pytest.mark.parametrize("precision", ["bf16", "16"])
 @pytest.mark.parametrize("compile_model", ["false", "true"])
 def test_resume_is_exact_on_gpu(tmp_path, monkeypatch, precision, compile_model):
@@ -103,10 +120,13 @@ def test_fp8_training_follows_bf16(tmp_path, monkeypatch, recipe):
     common = [*MOCK, *GPU, "trainer.precision=bf16", "model.compile=true", "model.hidden_dropout=0",
               "model.attention_dropout=0", "trainer.max_steps=8"]  # fmt: skip
     fp8 = ["model.fp8=true", f"model.fp8_recipe={recipe}"]
+    converted = record_float8_linears(monkeypatch)
     code, bf16_losses = run_recording(monkeypatch, tiny_config(tmp_path / "bf16", *common))
-    assert code == 0
+    assert code == 0 and converted == []
     code, fp8_losses = run_recording(monkeypatch, tiny_config(tmp_path / "fp8", *common, *fp8))
     assert code == 0 and all(math.isfinite(v) for v in fp8_losses.values())
+    # FP8 ran: every block linear (2 layers x wq, wk, wv, wo, w1, w2; all multiples of 16) converted
+    assert converted == [12]
     # e4m3 keeps 3 mantissa bits, but scaled per tensor/row and accumulated in fp32 the loss
     # of a small model moves by well under 1% (the issue's bar for 300 steps of 126m).
     for step, loss in bf16_losses.items():
