@@ -123,7 +123,9 @@ class Watchdog:
         # watched sections entered: every rank runs the same ones in the same order (each holds a
         # collective or waits on one), so a rank that entered fewer is behind, one that entered more past
         self._sections = 0
-        self._evaluated = False  # an evaluation's batch was watched (the first gets FIRST_STEP_FACTOR)
+        # (iteration, split) of this process's first evaluation: all of it (its batches may compile,
+        # its closing reduction waits for the slowest rank's compile) gets FIRST_STEP_FACTOR
+        self._first_evaluation: tuple[int, str] | None = None
         self._beat: dict[str, Any] | None = None  # this rank's progress, as the store should show it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -205,10 +207,13 @@ class Watchdog:
                 **left,
             }
             self._iteration = iteration
-            if entered and phase == "eval":  # the first evaluation's first batch may compile too
+            if entered and phase == "eval":
                 self._since = time.monotonic()
-                self._budget = self.timeout_s * (FIRST_STEP_FACTOR if not self._evaluated else 1)
-                self._evaluated = True
+                evaluation = (iteration, where.get("split"))
+                self._first_evaluation = self._first_evaluation or evaluation
+                self._budget = self.timeout_s * (
+                    FIRST_STEP_FACTOR if evaluation == self._first_evaluation else 1
+                )
             elif entered:
                 self._since = time.monotonic()
                 if self._first is None:

@@ -300,10 +300,29 @@ def test_an_evaluation_given_up_inside_a_batch_is_not_watched_after_and_the_firs
     [dog], exits, _ = dogs(1, 0.1)
     with dog.evaluation(0, "validation", 1):
         pass
-    with dog.evaluation(0, "validation", 2):  # the second batch has the step's time
+    with dog.evaluation(0, "validation", None):
+        pass
+    with dog.evaluation(1, "validation", 1):  # the second evaluation has the step's time
         thread = watch(dog)
         thread.join(timeout=15)
-    assert exits == [EXIT_HUNG] and "inside global batch 2 of the validation after iteration 0" in dog.fired
+    assert exits == [EXIT_HUNG] and "inside global batch 1 of the validation after iteration 1" in dog.fired
+
+
+def test_the_whole_first_evaluation_gets_the_first_batchs_time_and_the_next_one_the_steps():
+    """A warm-cache rank finishes its first validation's batches and waits in the closing reduction
+    for a cold-cache rank still compiling within its first batch's allowance: no hang there. The next
+    evaluation's closing reduction has the step's time again."""
+    [dog], exits, _ = dogs(1, 0.1)
+    with dog.step(1):
+        pass
+    thread = watch(dog)
+    for batch in (1, 2, None):
+        with dog.evaluation(1, "validation", batch):
+            time.sleep(0.25)  # within FIRST_STEP_FACTOR timeouts (rank 1 compiling meanwhile)
+    assert exits == [] and dog.fired is None
+    with dog.evaluation(2, "validation", None):
+        thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] and "validation after iteration 2" in dog.fired
 
 
 def gone_or_waiting(silent_s: float) -> str:
