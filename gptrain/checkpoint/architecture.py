@@ -54,6 +54,10 @@ def changes(saved: dict[str, Any] | None, live: dict[str, Any] | None) -> list[s
     ]
 
 
+# keys the record does not hold that decide a setting it does (normalize derives openai_gelu from the
+# fused bias-GELU): an override of one changes that setting on purpose
+DECIDING = {"model.bias_activation_fusion": ("model.openai_gelu",)}
+
 # where the old value is not set by its own key: the fused bias-GELU (on by default) makes openai_gelu true
 HINTS = {
     ("model.openai_gelu", True): (

@@ -178,9 +178,12 @@ def hparams_architecture(
     (a key this gptrain no longer knows, deleted with `~key`). Where hparams.yaml's own architecture
     does not build, the overrides mend it: `live`, so only the keys they name count as asked."""
 
+    from gptrain.checkpoint.architecture import DECIDING
+
     def names_architecture(override: str) -> bool:
         key = override_key(override)
-        return any(setting == key or setting.startswith(f"{key}.") for setting in live)
+        settings = [*live, *DECIDING]
+        return any(setting == key or setting.startswith(f"{key}.") for setting in settings)
 
     kept = [override for override in overrides if not names_architecture(override)]
     try:

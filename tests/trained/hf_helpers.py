@@ -74,9 +74,13 @@ def tiny_run(arch: str, tmp_path: Path) -> tuple[Path, torch.nn.Module]:
     return saved_run(tmp_path / f"run_{arch}", arch, step=3)
 
 
-def saved_run(log_dir: Path, arch: str, *overrides: str, step: int = 1) -> tuple[Path, torch.nn.Module]:
+def saved_run(
+    log_dir: Path, arch: str, *overrides: str, step: int = 1, recorded: bool = False
+) -> tuple[Path, torch.nn.Module]:
     """`log_dir` as a run of `arch` with `overrides`: hparams.yaml and checkpoints/step_<step> of its
-    fresh model (written by the CheckpointManager); the run dir and the model."""
+    fresh model (written by the CheckpointManager; `recorded`: with the architecture record training
+    writes); the run dir and the model."""
+    from gptrain.checkpoint import architecture
     from gptrain.checkpoint.manager import CheckpointManager
     from gptrain.parallel.state_dict import model_state_dict
     from gptrain.train.builders import build_model, build_model_config
@@ -86,8 +90,10 @@ def saved_run(log_dir: Path, arch: str, *overrides: str, step: int = 1) -> tuple
     log_dir.mkdir(parents=True)
     (log_dir / "hparams.yaml").write_text(cfg.to_yaml())
     _, padded = padded_vocab_size(cfg, build_tokenizer(cfg))
-    model = build_model(build_model_config(cfg, padded), torch.device("cpu"), seed=7)
-    CheckpointManager(log_dir / "checkpoints", keep_last=None).save(
+    model_config = build_model_config(cfg, padded)
+    model = build_model(model_config, torch.device("cpu"), seed=7)
+    record = architecture.record(model_config) if recorded else None
+    CheckpointManager(log_dir / "checkpoints", keep_last=None, architecture=record).save(
         step, {"model": model_state_dict(model)}, {}
     )
     return log_dir, model.eval()

@@ -183,11 +183,14 @@ def test_a_tiktoken_encoding_name_is_not_a_path(tmp_path: Path) -> None:
 def test_a_run_recorded_before_bias_activation_fusion_keeps_the_gelu_it_trained(tmp_path):
     """An hparams.yaml written before gptrain honoured model.bias_activation_fusion records the GELU
     that ran in openai_gelu alone (false: erf); read today, the absent key's default (the fused tanh
-    GELU) would have rebuilt another function for generate, export and eval."""
-    run, _ = saved_run(tmp_path / "run", "gpt2", "model.bias=true", "model.bias_activation_fusion=false")
+    GELU) would have rebuilt another function for generate, export and eval. Asking for the fused (tanh)
+    GELU on purpose is accepted as model.openai_gelu=true is (the checkpoint records erf, as training's do)."""
+    fusion_off = ("model.bias=true", "model.bias_activation_fusion=false")
+    run, _ = saved_run(tmp_path / "run", "gpt2", *fusion_off, recorded=True)
     hparams = run / "hparams.yaml"
     text = hparams.read_text()
     assert "  bias_activation_fusion: false\n" in text and "  openai_gelu: false\n" in text
     hparams.write_text(text.replace("  bias_activation_fusion: false\n", ""))
     assert open_run(run).cfg.model.openai_gelu is False
     assert open_run(run, ["model.bias_activation_fusion=true"]).cfg.model.openai_gelu is True
+    assert open_run(run, ["model.openai_gelu=true"]).cfg.model.openai_gelu is True
