@@ -101,8 +101,15 @@ def refusal(override: Override, key: str, known: tuple[str, ...]) -> str:
     top = known is TOP_READ
     word = key.split(".")[0] if top else key
     where = "at the top level of a launch" if top else f"in {key.split('.')[0]}"
-    near = difflib.get_close_matches(word, known, n=1, cutoff=0.5)  # a far one misleads: list them
-    meant = f"; the nearest key it reads there is '{near[0]}'" if near else f"; it reads {', '.join(known)}"
+    # compared without the section's prefix, which every key there shares: a far one misleads, list them
+    prefix = "" if top else f"{key.split('.')[0]}."
+    inside = [k.removeprefix(prefix) for k in known]
+    near = difflib.get_close_matches(word.removeprefix(prefix), inside, n=1, cutoff=0.5)
+    meant = (
+        f"; the nearest key it reads there is '{prefix}{near[0]}'"
+        if near
+        else f"; it reads {', '.join(known)}"
+    )
     return (
         f"override '{override.typed}': gptrain reads no '{word}' {where}{meant}; fix the key's spelling"
         " (+ adds a key, and only a key gptrain reads does anything), or drop the override"

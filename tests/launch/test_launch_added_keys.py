@@ -67,6 +67,15 @@ def test_an_added_top_level_key_near_none_lists_the_keys_read_there(tmp_path):
     )
 
 
+@pytest.mark.parametrize("override", ["+data_preparation.zzzzqqq=1", "+validation.xyz=1"])
+def test_an_added_section_key_near_none_lists_the_keys_read_there(override, tmp_path):
+    """The section's prefix, shared by every key there, made any key "near" one of them."""
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*SHARDS, f"base_results_dir={tmp_path}", override]))
+    section = override[1:].split(".")[0]
+    assert "nearest" not in str(error.value) and f" in {section}; it reads {section}." in str(error.value)
+
+
 def pile_tree(tmp_path):
     """A launcher tree whose data_preparation is NeMo's download_gpt3_pile.yaml (its own key names)."""
     (tmp_path / "data_preparation").mkdir()
