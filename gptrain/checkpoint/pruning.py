@@ -44,10 +44,10 @@ class CheckpointPruning:
         links = self._links_within()
         removals, torn = self._removals(saved), self._torn_before(saved)
         going = {step_dir_name(step) for step in [r.step for r in removals] + torn}
-        kept = {target for link, target in links.items() if link not in going}
+        kept = {name for link, chain in links.items() if link not in going for name in chain}
         removals = [r for r in removals if step_dir_name(r.step) not in kept]
         torn = [step for step in torn if step_dir_name(step) not in kept]
-        with_target = {link: target for link, target in links.items() if target in going - kept}
+        with_target = {link: chain[-1] for link, chain in links.items() if chain[-1] in going - kept}
         removed = []
         for removal in removals:
             path = self.root / step_dir_name(removal.step)
@@ -90,9 +90,11 @@ class CheckpointPruning:
             return None
         return recorded_metric(self.root / step_dir_name(step), self.monitor)
 
-    def _links_within(self) -> dict[str, str]:
-        """{name of a step symlink: name of the step directory of this run it resolves to}, for the
-        links under `root` whose target is one of its own steps (a link into another run: none)."""
+    def _links_within(self) -> dict[str, tuple[str, ...]]:
+        """{name of a step symlink: names of this run's steps its chain passes, one link at a time, to
+        the step directory it resolves to (last)}, for the links under `root` that resolve to one of its
+        own steps (a link into another run: none). A link kept keeps all of them: a link of the run
+        unlinked on the way would leave it dangling."""
         links = {}
         root = self.root.resolve()
         for entry in self.root.iterdir():
@@ -102,8 +104,16 @@ class CheckpointPruning:
                 target = entry.resolve()
             except (OSError, RuntimeError):  # a loop of links: nothing of the run's behind it
                 continue
-            if target.parent == root and STEP_DIR.match(target.name) and target.name != entry.name:
-                links[entry.name] = target.name
+            if target.parent != root or not STEP_DIR.match(target.name) or target.name == entry.name:
+                continue
+            chain, hop = [], entry
+            for _ in range(40):  # Linux's MAXSYMLINKS; resolve() above ruled out a loop
+                if not hop.is_symlink():
+                    break
+                hop = hop.parent / os.readlink(hop)
+                if hop.parent.resolve() == root and STEP_DIR.match(hop.name) and hop.name != entry.name:
+                    chain.append(hop.name)
+            links[entry.name] = (*chain, target.name)
         return links
 
     def _torn_before(self, saved: int) -> list[int]:

@@ -149,6 +149,16 @@ def test_a_kept_link_keeps_its_target_in_the_same_run(tmp_path):
     assert "removed" not in lines[0] and "unlinked" not in lines[0]
 
 
+def test_a_kept_link_keeps_every_link_of_the_run_its_chain_passes(tmp_path):
+    """step_6 -> step_4 -> step_2: unlinking step_4 left the kept step_6 dangling (review X F4)."""
+    run, manager, lines = run_linking_within(tmp_path, 4, 2, keep_last=2)
+    (run / "step_6").symlink_to("step_4")
+    save(manager, 8)
+    manager.close()
+    assert (run / "step_4").is_symlink() and verify(run / "step_6", checksums=True) is None
+    assert complete_steps(run) == [2, 4, 6, 8] and "unlinked" not in lines[0]
+
+
 def test_a_link_removed_with_its_target_in_the_same_run_says_so(tmp_path):
     run, manager, lines = run_linking_within(tmp_path, 6, 2, keep_last=1)
     save(manager, 8)
