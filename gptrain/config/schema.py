@@ -48,7 +48,8 @@ class TrainerConfig:
     """gptrain extension, Megatron's --train-samples: the train split's indices are built for this
     many samples, as Megatron builds them, instead of max_steps x global batch size (the two differ
     under a batch-size ramp-up, and in the epochs and shuffle that follow from the count).
-    max_steps still ends the run; `gptrain megatron` sets both."""
+    max_steps still ends the run; `gptrain megatron` sets both. Inside a ramp max_steps can read more
+    than this; a split that then holds fewer is built for what they read, said in one line."""
     max_time: str | None = None
     """Wall-clock limit `DD:HH:MM:SS` per job: checkpoint and exit for a requeue when reached; null: none
     (zero is refused: each job would train one step)."""

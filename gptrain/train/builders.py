@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from gptrain.train.optim import build_optimizer
 from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule import LRSchedule, ScheduleSpec
 from gptrain.train.step import StepOptions, no_reduce
-from gptrain.train.target_sizes import dataset_target_sizes, split_sizes_asked_by
+from gptrain.train.target_sizes import dataset_target_sizes, split_sizes_asked_by, train_samples_read
 from gptrain.train.tokenizer_setup import (
     check_data_tokenizer,
     check_token_ids,
@@ -394,19 +395,34 @@ def _build_datasets(
     if not is_mock_data(cfg):
         check_data_tokenizer(cfg, tokenizer=tokenizer)
         check_token_ids(cfg, tokenizer)  # before index builds of minutes
-    train, valid, test = build_gpt_datasets(
-        m.data.data_prefix,
-        m.data.splits_string,
-        m.data.seq_length,
-        m.seed,
-        dataset_target_sizes(cfg),
-        cache_dir=m.data.index_mapping_dir,
-        mock=is_mock_data(cfg),
-        vocab_size=vocab,
-        skip_unused=True,  # limit_val/test_batches=0: that split is not built at all
-        asked_by=asked_by or split_sizes_asked_by(cfg),
-        surplus=m.data.mid_level_dataset_surplus,
-    )
+
+    def build(sizes: tuple[int, int, int], only_split: str | None = None) -> tuple[Any, Any, Any]:
+        return build_gpt_datasets(
+            m.data.data_prefix,
+            m.data.splits_string,
+            m.data.seq_length,
+            m.seed,
+            sizes,
+            cache_dir=m.data.index_mapping_dir,
+            mock=is_mock_data(cfg),
+            vocab_size=vocab,
+            skip_unused=True,  # limit_val/test_batches=0: that split is not built at all
+            only_split=only_split,
+            asked_by=asked_by or split_sizes_asked_by(cfg),
+            surplus=m.data.mid_level_dataset_surplus,
+        )
+
+    sizes = dataset_target_sizes(cfg)
+    train, valid, test = build(sizes)
+    read = train_samples_read(cfg)
+    if train is not None and read is not None and len(train) < read:  # Megatron's split would run out
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+            print(
+                f"gptrain: the train split built for trainer.train_samples={sizes[0]:,} holds {len(train):,}"
+                f" samples, fewer than the {read:,} that trainer.max_steps read: it is built for {read:,}",
+                file=sys.stderr,
+            )
+        train = build((read, *sizes[1:]), only_split="train")[0]
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = "model.data.data_prefix"

@@ -16,19 +16,25 @@ def dataset_target_sizes(cfg: TrainingConfig) -> tuple[int, int, int]:
     """The samples the train, validation and test splits are built for (Megatron's
     train_val_test_num_samples; a split of 0 is not built)."""
     m, t = cfg.model, cfg.trainer
-    train_samples = t.train_samples
-    if train_samples is not None:  # never fewer than max_steps consume (inside a ramp, Megatron's
-        ramp = BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1)  # count overshoots)
-        train_samples = max(train_samples, ramp.samples_for(t.max_steps))
     train_n, valid_n, _ = sample_counts(
         t.max_steps,
         m.global_batch_size,
         t.val_check_interval,
         t.limit_val_batches,
-        train_samples=train_samples,
+        train_samples=t.train_samples,
     )
     test_n = t.limit_test_batches * m.global_batch_size  # NeMo sizes the test split by limit_test_batches
     return train_n, valid_n, test_n
+
+
+def train_samples_read(cfg: TrainingConfig) -> int | None:
+    """The samples trainer.max_steps read under trainer.train_samples (None without it): inside a ramp
+    Megatron's iteration count can read more than train_samples, which a split built for it (whole
+    epochs) often holds anyway; one that does not is rebuilt for this count (builders._build_datasets)."""
+    m, t = cfg.model, cfg.trainer
+    if t.train_samples is None:
+        return None
+    return BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1).samples_for(t.max_steps)
 
 
 def split_sizes_asked_by(cfg: TrainingConfig) -> tuple[str, str, str]:

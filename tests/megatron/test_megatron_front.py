@@ -120,6 +120,38 @@ def test_train_samples_size_the_train_split_under_a_batch_ramp():
     assert len(train) == 2000
 
 
+def test_train_samples_ending_inside_a_ramp_read_megatrons_samples(tmp_path):
+    """--train-samples 1000 under a ramp runs 20 steps that read 1,056 samples; Megatron builds its
+    split for 1,000 (1,121 samples over 2 epochs, the last shuffled apart as 1,000 falls under the
+    80% line) and reads them from it. Built for 1,056, every sample read differed."""
+    import numpy as np
+
+    from gptrain.data.gpt_dataset import GPTDataset
+    from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter
+    from gptrain.train.builders import _build_datasets
+    from gptrain.train.rampup import BatchRamp
+    from gptrain.train.tokenizer_setup import build_tokenizer
+
+    prefix = str(tmp_path / "d30")
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        for doc in range(299):
+            writer.add_document(np.array([(doc * 31 + j) % 1000 for j in range(30)], dtype=np.int64))
+    flags = shlex.split(
+        "--num-layers 2 --hidden-size 16 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16"
+        " --micro-batch-size 32 --global-batch-size 128 --rampup-batch-size 32 32 1000 --train-samples 1000"
+        f" --data-path {prefix} --tokenizer-type NullTokenizer --vocab-size 1000 --seed 1234 --eval-iters 0"
+        " --lr 1e-3 --split 100,0,0"
+    )
+    cfg = load_training_config(None, translate(flags, ENV).overrides, report_ignored=False)
+    read = BatchRamp.from_config([32, 32, 1000], 128, 32).samples_for(cfg.trainer.max_steps)
+    assert (cfg.trainer.max_steps, read) == (20, 1056)
+    tokenizer = build_tokenizer(cfg)
+    train = _build_datasets(cfg, tokenizer.vocab_size, tokenizer)[0].samples
+    megatron = GPTDataset(IndexedDataset(prefix), range(299), 1000, 16, 1234, "train", use_cache=False)
+    assert (len(train), len(megatron)) == (1121, 1121)
+    assert all(np.array_equal(train[index], megatron[index]) for index in range(read))
+
+
 @pytest.mark.parametrize("split", ["98 2 0", "98/2/0", "98,2"])
 def test_split_strings_megatron_parses_are_taken(split):
     """Megatron pulls every run of digits and dots out of --split; so does the benchmark-mode check."""
