@@ -216,6 +216,13 @@ def is_number(raw: str | float) -> bool:
 
 def unweighted_list_error(entries: list[str | float]) -> DataError:
     """Megatron reads an odd-length list, or one without any weight, as 'each dataset once'."""
+    pairs = [str(entry).split() for entry in entries]
+    if all(len(words) == 2 and is_number(words[0]) for words in pairs):  # "0.3 a" per item: weighted
+        return DataError(
+            f"data prefix list {entries} holds a weight and its prefix in one string per entry, which "
+            "Megatron too reads as one prefix (a dataset named after both); give them as separate entries: "
+            f"[{','.join(word for words in pairs for word in words)}] in a config, unquoted words on a command line"
+        )
     head = (
         f"data prefix list {entries} is Megatron's unweighted form (every dataset once, mixed in proportion "
         "to its size), which gptrain does not support; "

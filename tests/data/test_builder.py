@@ -488,6 +488,24 @@ def test_an_even_list_with_weights_after_their_prefixes_says_megatron_reads_them
     assert text.endswith(f"before its prefix, e.g. {example}")
 
 
+@pytest.mark.parametrize(
+    ("entries", "flat"),
+    [
+        (["0.3 /tmp/d1", "0.7 /tmp/d2"], "[0.3,/tmp/d1,0.7,/tmp/d2]"),
+        ([" 1 a", "2\tb ", "3 c"], "[1,a,2,b,3,c]"),  # odd: also Megatron's unweighted shape
+    ],
+)
+def test_a_list_of_weight_prefix_strings_is_shown_as_the_flat_blend(entries, flat):
+    """`--data-path 0.3 A 0.7 B` copied one pair per list item was told to write '1 0.3 /tmp/d1 1 0.7
+    /tmp/d2': a 1:1 blend of datasets named '0.3 /tmp/d1' and '0.7 /tmp/d2'."""
+    with pytest.raises(DataError) as info:
+        parse_blend(entries)
+    text = str(info.value)
+    assert "holds a weight and its prefix in one string" in text
+    assert f"give them as separate entries: {flat} in a config" in text
+    assert "'1 " not in text and "unweighted form" not in text
+
+
 def test_an_unweighted_list_without_numbers_says_nothing_of_missing_weights():
     with pytest.raises(DataError) as info:
         parse_blend(["a", "b", "c"])
