@@ -117,7 +117,7 @@ ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]+")
 # Any other is left alone, as a root the user interpolates from (`${my_root}/data`) may be, unless
 # it is a letter or two from one of these: `env_var:` for env_vars would export nothing, unseen.
 TOP_READ = (
-    *TOP, "stages", "cluster_type", "unique_output", "launcher_scripts_path", "bignlp_path",
+    *TOP, "stages", "cluster_type", "launcher_scripts_path", "bignlp_path",
     "cluster", "data_preparation", "validation", "training",
 )  # fmt: skip
 

@@ -410,6 +410,8 @@ def check_run_dirs(plan: LaunchPlan, dry_run: bool = False) -> None:
 def write_files(files: list[RunFile], dry_run: bool = False) -> list[Path]:
     """Write the rendered files (under dry-run/ for a dry run); return the scripts' paths."""
     scripts = []
+    if dry_run:
+        clear_earlier_previews({dry_run_path(file.path) for file in files})
     for file in files:
         path = dry_run_path(file.path) if dry_run else file.path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -419,6 +421,16 @@ def write_files(files: list[RunFile], dry_run: bool = False) -> list[Path]:
             path.chmod(0o755)
             scripts.append(path)
     return scripts
+
+
+def clear_earlier_previews(previews: set[Path]) -> None:
+    """A dry-run/ folder shows what this launch would submit: an earlier dry run's files there (a
+    stage this launch does not run) read as part of it, told apart only by their times."""
+    for folder in {path.parent for path in previews}:
+        if folder.is_dir():
+            for old in folder.iterdir():
+                if old not in previews and old.is_file() and not old.is_symlink():
+                    old.unlink(missing_ok=True)
 
 
 def write_run_files(plan: LaunchPlan, argv: list[str], dry_run: bool = False) -> list[Path]:

@@ -65,6 +65,8 @@ def test_an_added_top_level_key_near_none_lists_the_keys_read_there(tmp_path):
         "override '+foo.bar=1': gptrain reads no 'foo' at the top level of a launch; it reads"
         " base_results_dir, data_dir, python, container, container_mounts, "
     )
+    listed = str(error.value).split("; it reads ")[1].split("; ")[0].split(", ")
+    assert "unique_output" in listed and len(listed) == len(set(listed)), listed  # each key once
 
 
 @pytest.mark.parametrize("override", ["+data_preparation.zzzzqqq=1", "+validation.xyz=1"])

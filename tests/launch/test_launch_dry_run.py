@@ -373,3 +373,32 @@ def test_a_slurm_launch_reads_max_array_size_from_scontrol(tmp_path, capsys, mon
     assert "ok  data_preparation: 5 shard(s) over 3 array tasks (the cluster's MaxArraySize)" in err
     [script] = (tmp_path / "r").glob("*/dry-run/*_submission.sh")
     assert "#SBATCH --array=0-2\n" in script.read_text()
+
+
+def test_a_dry_run_leaves_only_its_own_preview(tmp_path, capsys, monkeypatch):
+    """dry-run/ is what this launch would submit: an earlier dry run's validation script and config
+    stayed there beside a training-only preview (review Y26)."""
+    monkeypatch.chdir(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text("#!/bin/bash\necho 'n1|debug*|4|(null)|idle'\n")
+    (bin_dir / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    common = [
+        "launch",
+        "--dry-run",
+        "cluster_type=slurm",
+        f"base_results_dir={tmp_path}/r",
+        "training.model.data.data_impl=mock",
+        "training.model.data.mock_vocab_size=512",
+        "training.trainer.num_nodes=1",
+    ]
+    assert main([*common, "stages=[validation,training]"]) == 0
+    [preview] = (tmp_path / "r").glob("*/dry-run")
+    both = sorted(p.name for p in preview.iterdir())
+    assert any("validation" in name for name in both), both
+    (preview / "notes.txt.orig").mkdir()  # a folder there is not a preview file: left alone
+    assert main(common) == 0
+    capsys.readouterr()
+    left = sorted(p.name for p in preview.iterdir())
+    assert left == sorted([name for name in both if "validation" not in name] + ["notes.txt.orig"])
