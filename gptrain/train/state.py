@@ -164,9 +164,9 @@ def checkpoint_state(
     build = {
         "model": lambda: model_state_dict(model),
         "optim": lambda: optimizer_state_dict(model, optimizer, optim_keys),
-        "schedule": lambda: _saved_values("schedule", _schedule_values(schedule, saved), saved),
+        "schedule": lambda: saved_values("schedule", _schedule_values(schedule, saved), saved),
         "scaler": scaler.state_dict,
-        "train": lambda: _saved_values("train", train.state_dict(), saved),
+        "train": lambda: saved_values("train", train.state_dict(), saved),
     }
     return {part: build[part]() for part in parts}
 
@@ -179,7 +179,7 @@ def _schedule_values(schedule: LRSchedule, saved: Collection[str] | None) -> dic
     return values if saved is None else dict.fromkeys(RECORDED_WHERE_SET) | values
 
 
-def _saved_values(part: str, values: dict[str, Any], saved: Collection[str] | None) -> dict[str, Any]:
+def saved_values(part: str, values: dict[str, Any], saved: Collection[str] | None) -> dict[str, Any]:
     """The values of `part` that a checkpoint with keys `saved` holds (all when None): one written
     before a counter (or the schedule's global batch) existed loads, and that value keeps its default."""
     if saved is None:

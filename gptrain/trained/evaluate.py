@@ -29,7 +29,7 @@ from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_
 from gptrain.parallel.state_dict import load_model_state_dict, model_state_dict
 from gptrain.train import builders as b
 from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
-from gptrain.train.state import TrainState
+from gptrain.train.state import TrainState, saved_values
 from gptrain.train.target_sizes import built_split_keys
 from gptrain.train.tokenizer_setup import padded_vocab_size
 from gptrain.trained.coverage import Coverage, coverage
@@ -155,7 +155,9 @@ def vocabulary_rows(run: RunCheckpoint) -> int:
 def load_model(model: torch.nn.Module, step_dir: Path, world: World) -> int:
     """Read the model weights (any saved layout, resharded by DCP) and return the saved iteration."""
     train = TrainState()
-    state: dict[str, Any] = {"model": model_state_dict(model), "train": train.state_dict()}
+
+    def state(saved) -> dict[str, Any]:  # a counter a checkpoint predates (validated_at) keeps its default
+        return {"model": model_state_dict(model), "train": saved_values("train", train.state_dict(), saved)}
 
     def apply(loaded: dict[str, Any]) -> None:
         load_model_state_dict(model, loaded["model"])
@@ -163,7 +165,7 @@ def load_model(model: torch.nn.Module, step_dir: Path, world: World) -> int:
             train.load_state_dict(loaded["train"])
 
     manager = CheckpointManager(step_dir.parent, None, rank=world.rank)
-    manager.load_verified(step_dir, lambda saved: state, apply)  # its CRC-32s, read once between the ranks
+    manager.load_verified(step_dir, state, apply)  # its CRC-32s, read once between the ranks
     return train.step
 
 

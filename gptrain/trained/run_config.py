@@ -210,10 +210,11 @@ def load_hparams(hparams: Path, overrides: Sequence[str] = ()) -> Any:
 
 def _gelu_before_fusion(hparams: Path) -> list[str]:
     """An hparams.yaml written before model.bias_activation_fusion (on by default: the tanh GELU) records
-    the GELU that ran in openai_gelu alone; without the fusion it reads as that GELU."""
+    the GELU that ran in openai_gelu alone, or (before 2026-11-23) nothing: erf, gptrain's only GELU
+    then; without the fusion it reads as that GELU. gptrain writes the key into every hparams.yaml now."""
     from gptrain.config.yamlio import load_file
 
     model = load_file(hparams).get("model")
-    if isinstance(model, dict) and "openai_gelu" in model and "bias_activation_fusion" not in model:
+    if isinstance(model, dict) and "bias_activation_fusion" not in model:
         return ["model.bias_activation_fusion=false"]
     return []

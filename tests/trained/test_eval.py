@@ -833,3 +833,29 @@ def test_a_diverged_checkpoints_result_is_strict_json_with_a_nan_perplexity(tmp_
     assert math.isnan(EvalResult(math.nan, 64, 1).perplexity)
     assert EvalResult(800.0, 64, 1).perplexity == math.inf
     assert "lm loss NAN | PPL NAN |" in capsys.readouterr().out
+
+
+def test_a_checkpoint_older_than_a_progress_counter_still_evaluates(tmp_path: Path) -> None:
+    """A checkpoint saved before TrainState.validated_at existed (2026-11-26) was refused by eval as
+    "does not fit the config"; resume loads it, keeping the counter's default, and so does eval."""
+    from hf_helpers import tiny_config
+
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.parallel.mesh import world_from_env
+    from gptrain.parallel.state_dict import model_state_dict
+    from gptrain.train.builders import build_model, build_model_config
+    from gptrain.train.state import TrainState
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
+    from gptrain.trained.evaluate import load_model
+
+    run, model = saved_run(tmp_path / "run", "gpt2")
+    counters = TrainState(step=3, consumed_samples=12).state_dict()
+    older = {key: value for key, value in counters.items() if key != "validated_at"}
+    state = {"model": model_state_dict(model), "train": older}
+    CheckpointManager(run / "checkpoints", keep_last=None).save(3, state, {})
+    cfg = tiny_config("gpt2", tmp_path / "fresh")
+    config = build_model_config(cfg, padded_vocab_size(cfg, build_tokenizer(cfg))[1])
+    fresh = build_model(config, torch.device("cpu"), seed=11)
+    assert load_model(fresh, run / "checkpoints" / "step_3", world_from_env()) == 3
+    for (name, got), want in zip(fresh.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(got, want), name

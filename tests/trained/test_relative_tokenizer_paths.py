@@ -194,3 +194,8 @@ def test_a_run_recorded_before_bias_activation_fusion_keeps_the_gelu_it_trained(
     assert open_run(run).cfg.model.openai_gelu is False
     assert open_run(run, ["model.bias_activation_fusion=true"]).cfg.model.openai_gelu is True
     assert open_run(run, ["model.openai_gelu=true"]).cfg.model.openai_gelu is True
+    # before 2026-11-23 neither key was written: erf was gptrain's only GELU (review E26)
+    hparams.write_text(
+        text.replace("  bias_activation_fusion: false\n", "").replace("  openai_gelu: false\n", "")
+    )
+    assert open_run(run).cfg.model.openai_gelu is False
