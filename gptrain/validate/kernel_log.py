@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 # "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.104.05  ..." or, for the open kernel
 # modules, "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  ..."
 DRIVER_LOADED = re.compile(r"NVRM: loading NVIDIA UNIX")
+# A GPU's Xid line, which only a loaded driver writes (an NVSwitch's SXid may precede the load line).
+GPU_XID = re.compile(r"NVRM: Xid \(")
 # dmesg's own "[ 5107.644336]" (seconds since boot) and dmesg -T's "[Fri Aug 30 11:43:09 2024]"
 SINCE_BOOT = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]")
 WALL_CLOCK = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d \d{4})\]")
@@ -114,9 +116,14 @@ def count(lines: list[str], is_event: Callable[[str], bool]) -> int:
 def reload_index(lines: list[str]) -> int:
     """The index of the driver's last load when the log shows it loaded again after boot, else 0.
     The boot's one load is no reset: nvidia.ko's init probes the NVSwitches (and logs their SXids)
-    before it prints its load line."""
+    before it prints its load line. One load line after a GPU Xid is a reload whose boot load the
+    ring buffer dropped on a node up for weeks: only a loaded driver logs a GPU Xid."""
     loads = [i for i, line in enumerate(lines) if DRIVER_LOADED.search(line)]
-    return loads[-1] if len(loads) > 1 else 0
+    if len(loads) > 1:
+        return loads[-1]
+    if loads and any(GPU_XID.search(line) for line in lines[: loads[0]]):
+        return loads[0]
+    return 0
 
 
 def window_binds(reload_line: str, since_s: float, clock: Clock) -> bool:

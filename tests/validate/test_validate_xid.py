@@ -433,6 +433,28 @@ def test_only_a_reload_sets_the_span_and_leaves_lines_out():
     assert (once.text, once.before_driver_load, once.span) == (SWITCH_INIT_SXID, 0, "since boot")
 
 
+def test_a_reload_whose_boot_load_the_ring_buffer_dropped_is_still_a_reload():
+    """A node up for weeks loses the boot's load line first; a GPU Xid before the one load line left
+    shows an earlier driver wrote it, so that line is a reload: the Xid 48 it cured was judged as
+    current, failing and excluding a recovered node (review V26)."""
+    clock = kernel_log.Clock(3000.0, 1e9)
+    full = (
+        "[    5.100000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+        "[ 1000.000000] NVRM: Xid (PCI:0000:3b:00): 48, pid=123, DBE (double bit error) ECC error\n"
+        "[ 2000.000000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+    )
+    for log in (full, full.split("\n", 1)[1]):
+        judged = kernel_log.judged_lines(
+            log, nvml.is_xid_event, None, clock, nvml.lines_a_reload_does_not_cure
+        )
+        assert nvml.parse_xids(judged.text, {}) == [], log
+        assert (judged.before_driver_load, judged.span) == (1, "since the NVIDIA driver was reloaded")
+    once = kernel_log.judged_lines(
+        SWITCH_INIT_SXID, nvml.is_xid_event, None, clock
+    )  # SXids precede boot's load
+    assert (once.before_driver_load, once.span) == (0, "since boot")
+
+
 # GPU 0 fell off the bus and its driver asked for a node reboot; GPU 1 (2a) asked for a reboot and
 # then for none; the driver was reloaded, not the node rebooted.
 REBOOT_NEEDED = """\
