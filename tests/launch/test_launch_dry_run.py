@@ -23,6 +23,15 @@ MISSING = [
 ]
 
 
+def answering_sinfo(tmp_path, monkeypatch) -> None:
+    """An `sinfo` first on PATH that lists one idle node of partition debug."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text("#!/bin/bash\necho 'n1|debug*|4|(null)|idle'\n")
+    (bin_dir / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
 def test_dry_run_renders_when_the_data_is_not_there_yet(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["launch", "--dry-run", "training.trainer.num_nodes=1", f"base_results_dir={tmp_path}", *MISSING]
@@ -37,11 +46,7 @@ def test_dry_run_renders_when_the_data_is_not_there_yet(tmp_path, capsys, monkey
 def test_dry_run_on_slurm_warns_about_the_cluster_and_the_data(tmp_path, capsys, monkeypatch):
     """sinfo answers, but the partition does not exist: both problems are listed, the script is written."""
     monkeypatch.chdir(tmp_path)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "sinfo").write_text("#!/bin/bash\necho 'n1|debug*|4|(null)|idle'\n")
-    (bin_dir / "sinfo").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    answering_sinfo(tmp_path, monkeypatch)
     args = [
         "launch",
         "--dry-run",
@@ -379,11 +384,7 @@ def test_a_dry_run_leaves_only_its_own_preview(tmp_path, capsys, monkeypatch):
     """dry-run/ is what this launch would submit: an earlier dry run's validation script and config
     stayed there beside a training-only preview (review Y26)."""
     monkeypatch.chdir(tmp_path)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "sinfo").write_text("#!/bin/bash\necho 'n1|debug*|4|(null)|idle'\n")
-    (bin_dir / "sinfo").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    answering_sinfo(tmp_path, monkeypatch)
     common = [
         "launch",
         "--dry-run",
