@@ -148,6 +148,15 @@ def test_the_rank_stuck_inside_a_step_the_others_finished_is_named_not_them():
     assert fired.endswith("which rank(s) 0, 1 finished"), fired
 
 
+def through_step_1(*watchdogs) -> None:
+    """Each rank runs step 1 and its end, as the loop does."""
+    for dog in watchdogs:
+        with dog.step(1):
+            pass
+        with dog.boundary(1):
+            pass
+
+
 @pytest.mark.parametrize("first", ["stuck", "waiting"])
 def test_a_rank_stuck_in_a_step_is_named_while_the_others_wait_in_its_end(first):
     """Every rank but the stuck one finished step 2 and waits in its end's exchange (gloo every step,
@@ -155,11 +164,7 @@ def test_a_rank_stuck_in_a_step_is_named_while_the_others_wait_in_its_end(first)
     inside iteration 2 ... a collective or a kernel is stuck" and named nobody. Whichever rank times
     out first, rank 1 is named."""
     (zero, one), exits, _ = dogs(2, 0.3)
-    for dog in (zero, one):
-        with dog.step(1):
-            pass
-        with dog.boundary(1):
-            pass
+    through_step_1(zero, one)
     with zero.step(2):
         pass
     threads = [watch(zero), watch(one)]
@@ -257,11 +262,7 @@ def test_a_hang_inside_the_step_on_every_rank_says_so():
 def test_a_rank_stuck_in_a_validation_batch_the_others_finished_is_named_in_words_of_validation():
     """Validation was not watched at all; each of its global batches now is, and the line says where."""
     (zero, one), exits, _ = dogs(2, 0.3)
-    for dog in (zero, one):
-        with dog.step(1):
-            pass
-        with dog.boundary(1):
-            pass
+    through_step_1(zero, one)
     with zero.evaluation(1, "validation", 1):
         pass
     threads = [watch(zero), watch(one)]
