@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 # A dry run writes its files here, inside each stage's run directory (see dry_run_path).
 DRY_RUN_DIR = "dry-run"
+# The line after a dry run's script's shebang; an earlier preview is known by it.
+PREVIEW_NOTE = "# gptrain launch --dry-run: a preview, not for sbatch."
 
 
 @dataclass
@@ -380,7 +382,7 @@ def preview_note(script: str) -> str:
     which only a launch writes, so `sbatch` on this copy would fail at the job's start."""
     head, sep, rest = script.partition("\n")  # the shebang stays first
     note = (
-        "# gptrain launch --dry-run: a preview, not for sbatch. It reads the config a launch writes;"
+        f"{PREVIEW_NOTE} It reads the config a launch writes;"
         " submit with the same gptrain launch command without --dry-run.\n"
     )
     return head + sep + note + rest
@@ -425,12 +427,25 @@ def write_files(files: list[RunFile], dry_run: bool = False) -> list[Path]:
 
 def clear_earlier_previews(previews: set[Path]) -> None:
     """A dry-run/ folder shows what this launch would submit: an earlier dry run's files there (a
-    stage this launch does not run) read as part of it, told apart only by their times."""
+    stage this launch does not run) read as part of it, told apart only by their times. Only what a
+    dry run writes goes (a config, a script carrying the preview note); a user's own file stays."""
     for folder in {path.parent for path in previews}:
-        if folder.is_dir():
+        if folder.is_dir() and not folder.is_symlink():
             for old in folder.iterdir():
-                if old not in previews and old.is_file() and not old.is_symlink():
+                if old not in previews and is_earlier_preview(old):
                     old.unlink(missing_ok=True)
+
+
+def is_earlier_preview(path: Path) -> bool:
+    """A file a dry run wrote: `<name>_hydra.yaml`, launcher_cmd.log, or a script with the preview note."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    if path.name == "launcher_cmd.log" or path.name.endswith("_hydra.yaml"):
+        return True
+    if not path.name.endswith("_submission.sh"):
+        return False
+    with open(path, encoding="utf-8", errors="replace") as script:
+        return PREVIEW_NOTE in script.read(4096)
 
 
 def write_run_files(plan: LaunchPlan, argv: list[str], dry_run: bool = False) -> list[Path]:

@@ -399,7 +399,12 @@ def test_a_dry_run_leaves_only_its_own_preview(tmp_path, capsys, monkeypatch):
     both = sorted(p.name for p in preview.iterdir())
     assert any("validation" in name for name in both), both
     (preview / "notes.txt.orig").mkdir()  # a folder there is not a preview file: left alone
+    [script] = [name for name in both if "validation" in name and name.endswith("_submission.sh")]
+    edited = (preview / script).read_text().replace("# gptrain launch --dry-run: a preview", "# my copy")
+    (preview / "my_submission.sh").write_text(edited)  # a user's own files stay (review X2)
+    (preview / "NOTES.md").write_text("node n3 was slow\n")
     assert main(common) == 0
     capsys.readouterr()
     left = sorted(p.name for p in preview.iterdir())
-    assert left == sorted([name for name in both if "validation" not in name] + ["notes.txt.orig"])
+    kept = ["notes.txt.orig", "my_submission.sh", "NOTES.md"]
+    assert left == sorted([name for name in both if "validation" not in name] + kept)
