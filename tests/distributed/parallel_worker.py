@@ -367,10 +367,12 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+def exit_after(main) -> None:
+    """Run `main` (its return value, or 0, is the exit code), then leave the process group and
+    os._exit, so that an abort at interpreter exit cannot turn a correct run into a failure."""
     code = 1
     try:
-        code = main()
+        code = main() or 0
     except BaseException:
         traceback.print_exc()  # os._exit below would otherwise swallow it
     finally:
@@ -378,3 +380,7 @@ if __name__ == "__main__":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_after(main)

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import sys
-import traceback
 import warnings
 from typing import Any
 
@@ -23,7 +22,6 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptrain.parallel import tensor_parallel
-from gptrain.parallel.mesh import shutdown
 from gptrain.parallel.runtime import forward_backward
 
 COLLECTIVES = ("all_reduce", "allreduce", "reduce_scatter", "all_gather", "allgather")
@@ -87,14 +85,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    code = 1
-    try:
-        main()
-        code = 0
-    except BaseException:
-        traceback.print_exc()  # os._exit below would otherwise swallow it
-    finally:
-        shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    pw.exit_after(main)
