@@ -45,10 +45,17 @@ def key(t: torch.Tensor) -> int:
     return local(t).untyped_storage()._cdata
 
 
+def pinned(tensors: Any) -> dict[int, StorageWeakRef]:
+    """Storages by address, each held by a weak reference: torch frees a storage's data when its
+    last tensor goes, but keeps the storage object (so its address) while a weak reference lives.
+    A bare address set would later match whatever the allocator put there next."""
+    return {key(t): StorageWeakRef(local(t).untyped_storage()) for t in tensors}
+
+
 class Track(TorchDispatchMode):
     """Storages made by ops while `on`; those made of weights only are marked as copies."""
 
-    def __init__(self, weights: set[int]) -> None:
+    def __init__(self, weights: dict[int, StorageWeakRef]) -> None:
         super().__init__()
         self.on = False
         self.weights = weights
@@ -63,8 +70,8 @@ class Track(TorchDispatchMode):
             if not isinstance(t, torch.Tensor):
                 continue
             if copy:
-                self.weights.add(key(t))
-            elif self.on and key(t) not in self.weights | self.before and key(t) not in self.made:
+                self.weights |= pinned([t])
+            elif self.on and key(t) not in self.weights.keys() | self.before and key(t) not in self.made:
                 storage = local(t).untyped_storage()
                 self.made[key(t)] = (StorageWeakRef(storage), storage.nbytes())
         return out
@@ -100,7 +107,7 @@ def measure(spec: dict[str, Any]) -> dict[str, float]:
     assert len(micro) == 1, "one micro batch a rank: the saved tensors of one forward"
     part = model.parts[0]
     block = part.layers["0"]
-    track = Track({key(p) for p in model.parameters()})
+    track = Track(pinned(model.parameters()))
     hooked: dict[int, int] = {}
     ends: dict[str, Any] = {}
 
@@ -112,7 +119,7 @@ def measure(spec: dict[str, Any]) -> dict[str, float]:
     def start(_module, args) -> None:  # noqa: ANN001
         ends["input"] = local(args[0]).untyped_storage().nbytes()
         track.before.add(key(args[0]))  # made before the block: counted once, as its input
-        track.weights.update(key(p) for p in block.parameters())  # FSDP's gathered ones by now
+        track.weights |= pinned(block.parameters())  # FSDP's gathered ones by now
         track.on = True
 
     def stop(_module, _args, output) -> None:  # noqa: ANN001
