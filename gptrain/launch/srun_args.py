@@ -6,6 +6,7 @@ import shlex
 from typing import Any
 
 from gptrain.errors import ConfigError
+from gptrain.launch.additional_parameters import keeps_the_environment
 from gptrain.launch.key_types import words
 
 
@@ -26,6 +27,7 @@ def command_words(key: str, value: Any) -> list[str] | None:
             ) from None
         check_each_word_is_an_option(key, value, args)
     check_no_task_layout_option(key, args or [])
+    check_export_keeps_the_environment(key, args or [])
     return args
 
 
@@ -55,6 +57,37 @@ def check_no_task_layout_option(key: str, args: list[str]) -> None:
                 f"{key}: {arg!r} sets srun's --{option}, which gptrain renders on each srun line itself;"
                 f" use {SRUN_OWNED[option]} instead"
             )
+
+
+def check_export_keeps_the_environment(key: str, args: list[str]) -> None:
+    """srun's --export without ALL passes only the variables it names (and SLURM_*), and srun_args
+    come after gptrain's --export=ALL: every step failed as it started, after the queue wait
+    (execve(): bash: No such file or directory), without PATH, env_vars or the rendezvous variables.
+    `--export` last takes no value here: srun would read the `bash` that follows as its value. A
+    wrapper's own option (`nsys profile --export=sqlite`) is no srun option."""
+    options = srun_option_words(args)
+    for index, arg in enumerate(options):
+        name, equals, value = arg[2:].partition("=")
+        if not arg.startswith("--") or srun_long_option(name) != "export":
+            continue
+        given = value if equals else (args[index + 1] if index + 1 < len(args) else "")
+        if not keeps_the_environment("export", given):
+            raise ConfigError(
+                f"{key}: {arg!r} sets srun's --export without ALL, so the ranks would start without PATH,"
+                " env_vars or the rendezvous variables; give the variables as env_vars or cluster.env_vars"
+                " (or --export=ALL,NAME=value)"
+            )
+
+
+def srun_option_words(args: list[str]) -> list[str]:
+    """The words srun reads as its options: those before a wrapper command the list ends in
+    (`[--mpi=pmix, nsys, profile]`: a word that is neither an option nor the value of the one before
+    it) or `--`."""
+    for index, word in enumerate(args):
+        before = args[index - 1] if index else None
+        if word == "--" or not (word.startswith("-") or (before is not None and takes_the_next_word(before))):
+            return args[:index]
+    return args
 
 
 def owned_short_option(word: str) -> str | None:

@@ -683,6 +683,35 @@ def test_srun_args_checks_read_a_long_options_unique_prefix_as_srun_does(tmp_pat
     assert error in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "given, word",
+    [
+        ("[--export=NCCL_DEBUG=INFO]", "--export=NCCL_DEBUG=INFO"),
+        ("--export NONE -l", "--export"),
+        ("[-l,--exp,NCCL_DEBUG=INFO]", "--exp"),  # srun reads a unique prefix as the option
+        ("--expor=ALLX", "--expor=ALLX"),
+        ("[--export]", "--export"),  # its value would be the `bash` srun runs
+    ],
+)
+def test_srun_args_that_export_less_than_all_are_refused(tmp_path, given, word):
+    """srun's --export without ALL passes only the variables it names (and SLURM_*): after gptrain's
+    pinned --export=ALL it won, and every step failed as it started, after the queue wait ("execve():
+    bash: No such file or directory", measured on the local Slurm 22.05), without PATH, env_vars or
+    the rendezvous variables. Refused, naming the key; ALL with more variables stays."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, f"cluster.srun_args={given}"]))
+    assert str(error.value) == (
+        f"cluster.srun_args: {word!r} sets srun's --export without ALL, so the ranks would start without"
+        " PATH, env_vars or the rendezvous variables; give the variables as env_vars or cluster.env_vars"
+        " (or --export=ALL,NAME=value)"
+    )
+    kept = ["[--export=ALL,NCCL_DEBUG=INFO]", "--export all -l", "[--exp=ALL]"]
+    kept.append("[-l,nsys,profile,--export=sqlite]")  # the wrapper's own option, after srun's
+    for given in kept:
+        build_plan(compose([*args, f"cluster.srun_args={given}"]))
+
+
 def test_an_ambiguous_srun_option_prefix_is_left_to_srun(tmp_path):
     """`--nod` could be --nodefile, --nodelist or --nodes, and `--c` many: srun refuses such a
     prefix itself; the checks take a word after it for its value, as after an option they do not know."""

@@ -98,6 +98,8 @@ def expected_refusal(key: str, text: str) -> bool:
         return not text or "/" in text or text in (".", "..")
     if key == "cluster.srun_args" and text.startswith("-"):  # the step's nodes or tasks: gptrain's own
         option = text[2:].partition("=")[0] if text.startswith("--") else owned_short_option(text)
+        if text.startswith("--") and len(option) >= 3 and "export".startswith(option):  # srun's --exp...
+            return text.partition("=")[2].upper().split(",")[0] != "ALL"  # all but ALL: no PATH
         return option in SRUN_OWNED
     if key == "training.run.time_limit":
         return bool(text) and not SLURM_TIME.match(text) and text.upper() not in SLURM_TIME_WORDS
@@ -197,6 +199,8 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path, stubs: Pat
 @example(key="env_vars.GPTRAIN_V", text="$SLURM_JOB_ID:$_{IFS}$(owned)$_")  # expands only a name
 @example(key="env_vars.GPTRAIN_V", text="\\$SLURM_JOB_ID\\\\$_\\")  # `\\$` is `$`
 @example(key="cluster.srun_args", text="-lN2")  # the step's nodes: refused, gptrain sets them
+@example(key="cluster.srun_args", text="--exp=x")  # an --export without ALL: refused
+@example(key="cluster.srun_args", text="--export=all,A=$(owned)")  # ALL: kept
 def test_no_value_reaching_a_script_is_executed(stubs, key, text):
     if key in PATH_KEYS and key != "training.run.name":
         text = text.replace("/", "_") if key == "base_results_dir" else text
