@@ -130,9 +130,12 @@ def job_environment(profile: dict[str, Any] | None, given: dict[str, Any] | None
     """cluster.env_vars, then the top-level env_vars over it. A null there is "not set by this file",
     as NeMo renders nothing for one: its config.yaml ships NCCL_TOPO_FILE, NCCL_IB_TIMEOUT, ... as
     null, which must not wipe the profile's interconnect settings. Removing a profile's variable is
-    `cluster.env_vars.NAME=null` (or `~cluster.env_vars.NAME`)."""
-    env = dict(profile or {})
-    env.update({name: value for name, value in (given or {}).items() if value is not None})
+    `cluster.env_vars.NAME=null` (or `~cluster.env_vars.NAME`). The profile's variables the user
+    does not set come first, then the user's in the user's order: one that overrides the profile's
+    kept the profile's place, so a `$IFACE` in it read an IFACE the user set before it unset."""
+    set_here = {name: value for name, value in (given or {}).items() if value is not None}
+    env = {name: value for name, value in (profile or {}).items() if name not in set_here}
+    env.update(set_here)
     return env
 
 

@@ -772,6 +772,25 @@ def test_a_null_in_env_vars_keeps_the_cluster_profiles_value(tmp_path):
     assert "NCCL_TOPO_FILE" not in env and "NCCL_IB_TIMEOUT" not in env and env["NCCL_DEBUG"] == "INFO"
 
 
+def test_an_env_var_overriding_the_profiles_comes_after_the_users_earlier_ones(tmp_path):
+    """env_vars over a cluster profile's variable were exported in the profile's place, before the
+    user's own: `{IFACE: ens5, NCCL_SOCKET_IFNAME: $IFACE}` with aws_p4d exported NCCL_SOCKET_IFNAME
+    before IFACE, so it was empty on every node. The profile's other variables come first, then the
+    user's in the user's order, as NeMo's `export K=V` lines stand."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "cluster=aws_p4d"]
+    given = "env_vars={IFACE: ens5, NCCL_SOCKET_IFNAME: '$IFACE', NCCL_DEBUG: INFO}"
+    [path] = write_run_files(build_plan(compose([*args, given])), args)
+    exports = [line for line in path.read_text().splitlines() if line.startswith("export ")]
+    names = [line[len("export ") :].partition("=")[0] for line in exports]
+    profile = ["FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE"]  # not overridden
+    user = names.index("IFACE")
+    assert names.index("NCCL_SOCKET_IFNAME") == user + 1 and names.index("NCCL_DEBUG") == user + 2
+    assert all(names.index(name) < user for name in profile)
+    script = "\n".join([*exports, 'printf "%s|%s" "$NCCL_SOCKET_IFNAME" "$NCCL_DEBUG"'])
+    shell = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, env={})
+    assert shell.stdout == "ens5|INFO"
+
+
 def test_srun_args_given_as_one_string_are_split_into_options(tmp_path):
     """`cluster.srun_args: "--mpi=pmix -l"` (an srun line's options copied whole) reached srun as one
     word, `'--mpi=pmix -l'`, which srun cannot read. A string is split as a shell splits it."""
