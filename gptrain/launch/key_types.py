@@ -10,6 +10,10 @@ from gptrain.errors import ConfigError
 
 # Environment variable names bash accepts in `export NAME=value`.
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A `~` opening an env_vars value or a part of it after `:`, up to the next `/` or `:`: NeMo's
+# unquoted `export NAME=value` expands it as it assigns (`~/hf`, `~/bin:$PATH`); gptrain renders a
+# bare `~` as $HOME (script_quoting.env_value).
+TILDE_PREFIX = r"(?:^|(?<=:))~[^/:]*"
 # Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (and its words for none).
 SLURM_TIME = re.compile(r"^(?:\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2})$")
 SLURM_TIME_WORDS = ("INFINITE", "UNLIMITED")
@@ -255,7 +259,19 @@ def env_vars(key: str, value: Any) -> dict[str, Any] | None:
                 f"{key}.{name}: not a valid environment variable name (letters, digits and _, not first a digit)"
             )
         scalar(f"{key}.{name}", item)
+        check_home_prefixes(f"{key}.{name}", str(item))
     return value
+
+
+def check_home_prefixes(key: str, text: str) -> None:
+    """`~user` (or bash's `~+`, `~-`) is another directory than the job's home, which is all a `~`
+    of an env_vars value is rendered as: one line, as for a `~` on the command line."""
+    for prefix in re.findall(TILDE_PREFIX, text):
+        if prefix != "~":
+            raise ConfigError(
+                f"{key}: {text!r} starts a path with {prefix!r}, which gptrain does not expand (only ~ and"
+                " ~/, as $HOME); write that directory in full"
+            )
 
 
 def workers(key: str, value: Any) -> Any:

@@ -6,7 +6,7 @@ import re
 import shlex
 
 from gptrain.errors import ConfigError
-from gptrain.launch.key_types import ENV_NAME
+from gptrain.launch.key_types import ENV_NAME, TILDE_PREFIX, check_home_prefixes
 from gptrain.launch.script_values import CONTROL, describe
 
 
@@ -64,12 +64,15 @@ ENV_REFERENCE = re.compile(
 
 # `\$` is a literal `$`, as in NeMo's unquoted export (`pa\$word`: no reference to expand); a run
 # of backslashes before `$` escapes it only when odd (`\\$HOME` is a backslash pair, then $HOME).
-ENV_TOKEN = re.compile(r"(?<!\\)(?:\\\\)*\\\$|" + ENV_REFERENCE.pattern)
+# A bare `~` opening the value or a part after `:` is $HOME, as that export expands it (key_types).
+ENV_TOKEN = re.compile(r"(?<!\\)(?:\\\\)*\\\$|" + ENV_REFERENCE.pattern + f"|{TILDE_PREFIX}")
 
 
 def env_value(text: str, what: str) -> str:
     """`text` for `export NAME=...`: variable references expand (unset: empty, as without `set -u`),
-    `\\$` is `$`, everything else is quoted literally, so `$(...)`, backticks and `;` run nothing."""
+    a tilde prefix `~` is $HOME, `\\$` is `$`, everything else is quoted literally, so `$(...)`,
+    backticks and `;` run nothing."""
+    check_home_prefixes(what, text)  # `~user`: refused
     parts, literal, position = [], "", 0
     for token in ENV_TOKEN.finditer(text):
         literal += text[position : token.start()]
@@ -80,7 +83,7 @@ def env_value(text: str, what: str) -> str:
         if literal:
             parts.append(quote(literal, what))
             literal = ""
-        parts.append(f'"${{{token.group(1) or token.group(2)}-}}"')
+        parts.append(f'"${{{token.group(1) or token.group(2) or "HOME"}-}}"')
     literal += text[position:]
     if literal or not parts:
         parts.append(quote(literal, what))

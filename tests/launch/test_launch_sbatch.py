@@ -109,6 +109,50 @@ def test_a_dollar_escaped_with_a_backslash_is_a_literal_dollar(tmp_path):
     ]
 
 
+def test_a_tilde_opening_an_env_var_value_or_a_part_of_it_is_the_home_directory(tmp_path):
+    """NeMo's unquoted `export HF_HOME=~/hf_cache` expands `~` (at the start, and after each `:` of
+    a PATH-like value); gptrain exported the text `~/hf_cache`, so caches went to `./~/` and `~/bin`
+    in PATH found nothing. The reference is bash's own unquoted export of the same text."""
+    values = {
+        "HF_HOME": "~/hf_cache",
+        "P": "~/bin:~:$EXTRA:~/y:a~/b:~",
+        "T": "~",
+        "K": "a~b/~x:x~/:/o/~",
+        "E": "$EXTRA:~/z",
+    }
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/home/me", "EXTRA": "/e"}
+    show = '\nprintf "%s\\n" ' + " ".join(f'"${name}"' for name in values) + "\n"
+    rendered = "\n".join(env_lines(values)) + show
+    reference = "\n".join(f"export {name}={value}" for name, value in values.items()) + show
+    out = [
+        subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env).stdout
+        for script in (rendered, reference)
+    ]
+    assert out[0] == out[1]
+    assert out[0].splitlines()[:2] == [
+        "/home/me/hf_cache",
+        "/home/me/bin:/home/me:/e:/home/me/y:a~/b:/home/me",
+    ]
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "env_vars={HF_HOME: '~/hf'}"]
+    [path] = write_run_files(build_plan(compose(args)), args)  # a YAML file's value, or a dict override's
+    assert 'export HF_HOME="${HOME-}"/hf' in path.read_text().splitlines()
+
+
+@pytest.mark.parametrize("value, prefix", [("~root/x", "~root"), ("/a:~me:/b", "~me"), ("~+/x", "~+")])
+def test_a_tilde_naming_another_users_home_in_an_env_var_is_refused(tmp_path, value, prefix):
+    """`~user` (or bash's `~+`, `~-`) is another directory than the home the job's `~` is: refused
+    in one line, as the command line's `~` is (utils/overrides.py)."""
+    why = f"{value!r} starts a path with {prefix!r}, which gptrain does not expand (only ~ and ~/, as $HOME)"
+    with pytest.raises(ConfigError) as error:
+        env_lines({"HF_HOME": value})
+    assert str(error.value) == f"env_vars.HF_HOME: {why}; write that directory in full"
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU]  # a cluster file's, named so
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, f"cluster.env_vars={{HF_HOME: '{value}'}}"]))
+    assert str(error.value) == f"cluster.env_vars.HF_HOME: {why}; write that directory in full"
+    assert not (tmp_path / "r").exists()
+
+
 def test_env_var_names_are_checked():
     assert env_lines({"A": True, "B": None, "C": 1}) == ["export A=true", "export C=1"]
     with pytest.raises(ConfigError, match="not a valid environment variable"):

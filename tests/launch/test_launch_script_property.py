@@ -96,6 +96,8 @@ def expected_refusal(key: str, text: str) -> bool:
         return True
     if key == "training.run.name":
         return not text or "/" in text or text in (".", "..")
+    if key.endswith("env_vars.GPTRAIN_V"):  # `~user`: another home than the job's, which is $HOME
+        return any(part.startswith("~") and part.split("/")[0] != "~" for part in text.split(":"))
     if key == "cluster.srun_args" and text.startswith("-"):  # the step's nodes or tasks: gptrain's own
         option = text[2:].partition("=")[0] if text.startswith("--") else owned_short_option(text)
         if text.startswith("--") and len(option) >= 3 and "export".startswith(option):  # srun's --exp...
@@ -131,7 +133,8 @@ def run_script(script: Path, stubs: Path, log: Path) -> subprocess.CompletedProc
 def expanded(text: str, env: dict[str, str]) -> str:
     """An env_vars value as the job sees it: `$NAME` and `${NAME}` expanded (as NeMo's unquoted
     export does; unset: empty), `\\$` a literal `$` (the last of an odd run of backslashes before a
-    `$` escapes it; an even run escapes nothing), nothing else."""
+    `$` escapes it; an even run escapes nothing), a `~` opening the value or a part after `:` (alone
+    up to `/`, `:` or the end) $HOME, nothing else."""
     from gptrain.launch.script_quoting import ENV_REFERENCE
 
     env = {**env, "PYTHONUNBUFFERED": "1"}  # exported by the script before env_vars
@@ -139,7 +142,10 @@ def expanded(text: str, env: dict[str, str]) -> str:
     while i < len(text):
         reference = ENV_REFERENCE.match(text, i)
         run = len(text[i:]) - len(text[i:].lstrip("\\"))
-        if run and text.startswith("$", i + run):
+        if text.startswith("~", i) and (i == 0 or text[i - 1] == ":"):
+            out.append(env.get("HOME", ""))  # the rest up to / or : is empty (expected_refusal)
+            i += 1
+        elif run and text.startswith("$", i + run):
             odd = run % 2
             out.append("\\" * (run - odd) + ("$" if odd else ""))
             i += run + odd
@@ -198,6 +204,8 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path, stubs: Pat
 @example(key="cluster.additional_parameters.comment", text="x; $(owned) 'q' \"q\"")
 @example(key="env_vars.GPTRAIN_V", text="$SLURM_JOB_ID:$_{IFS}$(owned)$_")  # expands only a name
 @example(key="env_vars.GPTRAIN_V", text="\\$SLURM_JOB_ID\\\\$_\\")  # `\\$` is `$`
+@example(key="env_vars.GPTRAIN_V", text="~/a:~:b~:$SLURM_JOB_ID:~/$(owned)")  # `~` opening a part: $HOME
+@example(key="cluster.env_vars.GPTRAIN_V", text="a:~x/b")  # another user's home: refused
 @example(key="cluster.srun_args", text="-lN2")  # the step's nodes: refused, gptrain sets them
 @example(key="cluster.srun_args", text="--exp=x")  # an --export without ALL: refused
 @example(key="cluster.srun_args", text="--export=all,A=$(owned)")  # ALL: kept
