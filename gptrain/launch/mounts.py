@@ -7,7 +7,8 @@ the `--config-dir` tree, and each stage's own paths (STAGE_PATHS), which a user 
 those two, e.g. `training.run.results_dir` or `training.exp_manager.explicit_log_dir` on scratch.
 They come ahead of `container_mounts`, so that a user's mount nested inside one lands on top.
 One already visible through another mount (inside one of ours, or inside a user mount's
-destination, which would cover it anyway) is left out.
+destination, which would cover it anyway) is left out; a user mount over a run directory must show
+that same directory, or the job would start without the config the launch wrote there.
 """
 
 from __future__ import annotations
@@ -227,8 +228,10 @@ def container_mounts(resolved: dict[str, Any], config_root: Path) -> Mounts:
     user = [str(item) for item in resolved.get("container_mounts") or []]
     for item in user:
         check_pyxis_mount(item)
-    given = [parse_mount(m) for item in user for m in item.split(",") if m]
+    entries = [entry for item in user for entry in item.split(",") if entry]
+    given = [parse_mount(entry) for entry in entries]
     ours = job_dirs(resolved, config_root)
+    check_run_dirs_shown(ours, entries)
     mounts = Mounts()
     for index, (key, path) in enumerate(ours):
         # another of ours that holds this one (or is the same and comes first) brings it in already
@@ -243,6 +246,31 @@ def container_mounts(resolved: dict[str, Any], config_root: Path) -> Mounts:
         mounts.added.append((key, path))
     mounts.items = [f"{path}:{path}" for _, path in mounts.added] + user
     return mounts
+
+
+# The directories the launch writes a job's files to for the job to read there (its resolved
+# config, requeues.txt, the frozen blend).
+RUN_DIR_KEYS = ("training.run.results_dir", "data_preparation.run.results_dir")
+
+
+def check_run_dirs_shown(ours: list[tuple[str, str]], entries: list[str]) -> None:
+    """A user mount over a run directory lands on top of gptrain's (theirs come after), so the job
+    found the mount's source there, without its config, after the queue wait. Refused, unless the
+    source is that directory (`/fsx` a symlink to `/lustre`); of several over it, pyxis mounts the
+    last on top."""
+    for key, path in ours:
+        covering = [entry for entry in entries if is_visible(path, [parse_mount(entry)])]
+        if key not in RUN_DIR_KEYS or not covering:
+            continue
+        src, dst = parse_mount(covering[-1])
+        shown = os.path.normpath(os.path.join(src, os.path.relpath(path, dst)))
+        if os.path.realpath(shown) != os.path.realpath(path):  # tmpfs/umount: never the same
+            found = {"tmpfs": "an empty tmpfs", "umount": "the image's own directory"}.get(src, shown)
+            raise ConfigError(
+                f"container_mounts: {covering[-1]!r} is mounted over {key} ({path}), so the job would find"
+                f" {found} there, not the run directory the launch writes its config to; mount {dst} itself"
+                f" there, or move the run directory (base_results_dir, {key}) outside {dst}"
+            )
 
 
 def cannot_mount(key: str, path: str, why: str) -> LaunchError:

@@ -151,6 +151,44 @@ def test_the_jobs_dirs_are_mounted_once_and_ahead_of_the_users(base, data, user,
     assert container_mounts(resolved, compose([]).config_root).items == expected
 
 
+def test_a_user_mount_over_the_run_directory_is_refused_unless_it_shows_that_directory(tmp_path, monkeypatch):
+    """A user mount whose destination covers the run directory lands on top of gptrain's mount
+    (theirs come after ours), and gptrain left its own out: the job found the mount's source there,
+    without the config the launch wrote, after the queue wait. Refused naming both, unless the
+    source is the same directory (a symlink: /fsx -> /lustre); the last mount over it is the one seen."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "r4").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "r4")
+    args = ["cluster_type=slurm", "container=img", f"base_results_dir={tmp_path}/r4/results", *CPU]
+    run_dir = f"{tmp_path}/r4/results/gpt3_126m"
+    for mounts in (
+        [f"{tmp_path}/other:{tmp_path}/r4"],
+        [f"{tmp_path}/r4", f"{tmp_path}/other:{tmp_path}/r4:ro"],
+    ):
+        with pytest.raises(ConfigError) as error:
+            build_plan(compose([*args, f"container_mounts=[{','.join(mounts)}]"]))
+        assert str(error.value) == (
+            f"container_mounts: '{mounts[-1]}' is mounted over training.run.results_dir ({run_dir}), so the"
+            f" job would find {tmp_path}/other/results/gpt3_126m there, not the run directory the launch writes"
+            f" its config to; mount {tmp_path}/r4 itself there, or move the run directory (base_results_dir,"
+            f" training.run.results_dir) outside {tmp_path}/r4"
+        )
+    for mounts in ([f"{tmp_path}/link:{tmp_path}/r4"], [f"{tmp_path}/other:{tmp_path}/r4", f"{tmp_path}/r4"]):
+        plan = build_plan(compose([*args, f"container_mounts=[{','.join(mounts)}]"]))
+        assert plan.top["container_mounts"][-len(mounts) :] == mounts
+    with pytest.raises(ConfigError, match=r"would find an empty tmpfs there, not the run directory"):
+        build_plan(compose([*args, f"container_mounts=[tmpfs:{tmp_path}/r4/results]"]))
+    elsewhere = [
+        *args,
+        f"training.run.results_dir={tmp_path}/run",
+        f"container_mounts=[{tmp_path}/other:{tmp_path}/r4]",
+    ]
+    build_plan(
+        compose(elsewhere)
+    )  # base_results_dir covered, the run directory not: the job reads nothing there
+
+
 def test_a_nemo_tree_is_mounted_with_its_results_and_data(tmp_path, monkeypatch):
     """NeMo's config.yaml sets a container: the conf tree, results and data all reach the job."""
     monkeypatch.chdir(tmp_path)
