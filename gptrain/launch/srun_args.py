@@ -26,7 +26,7 @@ def command_words(key: str, value: Any) -> list[str] | None:
                 f" ({key}=[a,b])"
             ) from None
         check_each_word_is_an_option(key, value, args)
-    check_no_task_layout_option(key, args or [])
+    check_no_task_layout_option(key, srun_option_words(args or []))  # not a wrapper's own (nsys -n)
     check_export_keeps_the_environment(key, args or [])
     return args
 

@@ -698,6 +698,10 @@ def test_srun_args_that_set_the_steps_nodes_or_tasks_are_refused(tmp_path, given
     )
     ok = "cluster.srun_args=[-lJ,step,--comment=-N,--nodelist=n1]"  # a value is no option; --nodelist is not --nodes
     build_plan(compose([*args, ok]))
+    wrapper = (
+        "cluster.srun_args=[-l,nsys,profile,-n,'false',--stats=true]"  # nsys's -n: --inherit-environment
+    )
+    build_plan(compose([*args, wrapper]))
 
 
 @pytest.mark.parametrize(
