@@ -62,8 +62,8 @@ class TrainerConfig:
     tensorboard_log_interval: int | None = None
     """gptrain extension, Megatron's --tensorboard-log-interval: TensorBoard and W&B get every N-th
     iteration's own loss, learning rate, grad norm and loss scale (timing stays with the printed
-    line). null, or equal to log_every_n_steps: the printed line's values, the loss its mean over
-    the interval. Each point costs host time for its writes (1: every step's), no device sync."""
+    line), also where N equals log_every_n_steps. null: the printed line's values, the loss its mean
+    over the interval. Each point costs host time for its writes (1: every step's), no device sync."""
     log_memory_interval: int | None = None
     """gptrain extension, Megatron's --log-memory-interval: each rank's memory report (allocated,
     reserved and their peaks, on GPUs) every N iterations, beside the one at the end. null: at the end."""

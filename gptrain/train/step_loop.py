@@ -312,12 +312,10 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
 
 
 def scalars_every(s: Session) -> int | None:
-    """trainer.tensorboard_log_interval where it is not the printed line's interval: TensorBoard and W&B
-    then get every such iteration's own values. None: the printed line's values, the loss its mean
-    over the interval (the default, and an interval given equal to log_every_n_steps)."""
-    t = s.cfg.trainer
-    every = t.tensorboard_log_interval
-    return None if every is None or every == t.log_every_n_steps else every
+    """trainer.tensorboard_log_interval: TensorBoard and W&B get every such iteration's own values, as
+    Megatron writes them, also where it equals log_every_n_steps. None (unset): the printed line's
+    values, the loss its mean over the interval."""
+    return s.cfg.trainer.tensorboard_log_interval
 
 
 def write_iteration_scalars(s: Session, result: StepResult, samples: int) -> None:

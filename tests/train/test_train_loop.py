@@ -196,16 +196,21 @@ def test_an_exit_interval_below_one_is_refused_naming_the_key(tmp_path, value):
         tiny_config(tmp_path, *MOCK, f"trainer.exit_interval={value}")
 
 
-def test_tensorboard_log_interval_writes_every_nth_iterations_own_values(tmp_path, monkeypatch):
-    """trainer.tensorboard_log_interval=2 with lines every 3 iterations: the dashboards get iterations
-    2, 4 and 6, each with its own loss (the recorded one, as float32 keeps it) against its step and
-    its consumed samples; the timing stays with the printed lines (3, 6; not 1, the process's first
-    line, whose time is its warm-up's: test_results_layout). Before, there was no such key: every
-    point was a printed line's, the loss its mean over the interval."""
+@pytest.mark.parametrize(("line_every", "timing_at"), [(3, [3, 6]), (2, [2, 4, 6])])
+def test_tensorboard_log_interval_writes_every_nth_iterations_own_values(
+    line_every, timing_at, tmp_path, monkeypatch
+):
+    """trainer.tensorboard_log_interval=2 with lines every 3 iterations, or every 2 (Megatron scripts
+    often give both intervals the same N): the dashboards get iterations 2, 4 and 6, each with its own
+    loss (the recorded one, as float32 keeps it) against its step and its consumed samples; the timing
+    stays with the printed lines (not 1, the process's first line, whose time is its warm-up's:
+    test_results_layout). Before, there was no such key: every point was a printed line's, the loss its
+    mean over the interval; and later an interval equal to the line's still gave the line's points (at
+    1, 2, 4, 6, each loss a mean), where Megatron writes iteration 2's, 4's and 6's own."""
     import numpy as np
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    overrides = ["trainer.log_every_n_steps=3", "trainer.tensorboard_log_interval=2"]
+    overrides = [f"trainer.log_every_n_steps={line_every}", "trainer.tensorboard_log_interval=2"]
     code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *overrides))
     assert code == 0
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0}).Reload()
@@ -216,7 +221,7 @@ def test_tensorboard_log_interval_writes_every_nth_iterations_own_values(tmp_pat
     own = [(step, float(np.float32(losses[step]))) for step in (2, 4, 6)]
     assert series("lm loss") == series("reduced_train_loss") == own
     assert series("lm loss vs samples") == [(4 * step, loss) for step, loss in own]  # global batch 4
-    assert [step for step, _ in series("iteration-time")] == [3, 6]  # the first line's is its warm-up's
+    assert [step for step, _ in series("iteration-time")] == timing_at  # the first line's is its warm-up's
     assert [step for step, _ in series("learning-rate")] == [2, 4, 6]
 
 
