@@ -86,7 +86,9 @@ class StepResult:
     grad_norm: float | None = None
     updated: bool = False
     overflow: bool = False  # fp16 gradients overflowed: skipped, scaler backed off
-    nonfinite: bool = False  # loss or gradients not finite: skipped, counted as a nan iteration
+    # loss or gradients not finite, or an fp16 overflow the scaler cannot back off from: skipped, and
+    # counted towards trainer.max_consecutive_nonfinite (the line's nan iterations leave out overflows)
+    nonfinite: bool = False
     tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 

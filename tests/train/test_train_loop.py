@@ -819,7 +819,10 @@ def test_a_checkpoint_saved_inside_a_non_finite_streak_is_not_called_the_last_go
 def test_overflows_under_a_static_fp16_scale_stop_the_run_and_the_scale_stays(tmp_path, monkeypatch):
     """model.native_amp_static_scale (Megatron's --loss-scale): each overflowing step is skipped with the
     scale unchanged, and trainer.max_consecutive_nonfinite of them in a row stop the run in one line.
-    Before, the key did not exist; a scaler that never backs off would have skipped to the end."""
+    Before, the key did not exist; a scaler that never backs off would have skipped to the end. The
+    line counts them as skipped, not as nan iterations: their loss is finite, and Megatron's
+    training_log counts a nan iteration only where a skipped iteration's loss is inf or nan (before,
+    the line said 1 nan iteration for each, as for a NaN loss)."""
 
     def overflow_from_step_3(model, batch):
         loss = masked_lm_loss(model, batch)
@@ -853,6 +856,8 @@ def test_overflows_under_a_static_fp16_scale_stop_the_run_and_the_scale_stays(tm
     assert [line.split("loss scale:")[1].split("|")[0].strip() for line in lines] == ["1024.0"] * 5
     skipped = [line.split("number of skipped iterations:")[1].split("|")[0].strip() for line in lines]
     assert skipped == ["0", "0", "1", "1", "1"]
+    nans = [line.split("number of nan iterations:")[1].split("|")[0].strip() for line in lines]
+    assert nans == ["0"] * 5
 
 
 def test_a_divergence_waiting_for_a_long_background_write_is_not_called_a_hang(tmp_path, monkeypatch):
