@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -270,9 +270,11 @@ def build_datasets(
     tokenizer: Any | None,
     local_rank: int | None = None,
     asked_by: Sequence[str] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) GPTBatchDatasets with Megatron's sample counts; valid/test may be None.
     `asked_by`: what set each split's count, for an error about it (default: the config's keys).
+    `note`: where a line about the build goes (the run's log); without it, rank 0's stderr.
 
     With a process group the ranks build in three turns (`build_turn`), each loading what the
     turns before wrote to the index cache: rank 0 first, then one rank per node (`local_rank` 0;
@@ -282,7 +284,7 @@ def build_datasets(
     copied to local NVMe) once per node, never by all of a node's ranks at once.
     """
     if not (dist.is_available() and dist.is_initialized()):
-        return _build_datasets(cfg, vocab, tokenizer, asked_by)
+        return _build_datasets(cfg, vocab, tokenizer, asked_by, note)
     if local_rank is None:
         from gptrain.parallel.mesh import world_from_env
 
@@ -293,7 +295,7 @@ def build_datasets(
         failure: Exception | None = None
         if turn == mine:
             try:
-                built = _build_datasets(cfg, vocab, tokenizer, asked_by)
+                built = _build_datasets(cfg, vocab, tokenizer, asked_by, note)
             except Exception as error:  # told to the other ranks, then raised here
                 failure = error
         verdicts: list[str | None] = [None] * dist.get_world_size()
@@ -387,7 +389,11 @@ def built_split_lines(datasets: Sequence[Any]) -> list[str]:
 
 
 def _build_datasets(
-    cfg: TrainingConfig, vocab: int, tokenizer: Any | None, asked_by: Sequence[str] | None = None
+    cfg: TrainingConfig,
+    vocab: int,
+    tokenizer: Any | None,
+    asked_by: Sequence[str] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> tuple[Any, Any, Any]:
     from gptrain.data.builder import build_gpt_datasets
 
@@ -416,12 +422,14 @@ def _build_datasets(
     train, valid, test = build(sizes)
     read = train_samples_read(cfg)
     if train is not None and read is not None and len(train) < read:  # Megatron's split would run out
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
-            print(
-                f"gptrain: the train split built for trainer.train_samples={sizes[0]:,} holds {len(train):,}"
-                f" samples, fewer than the {read:,} that trainer.max_steps read: it is built for {read:,}",
-                file=sys.stderr,
-            )
+        line = (
+            f"the train split built for trainer.train_samples={sizes[0]:,} holds {len(train):,}"
+            f" samples, fewer than the {read:,} that trainer.max_steps read: it is built for {read:,}"
+        )
+        if note is not None:  # each rank's own log, echoed by the logging rank
+            note(line)
+        elif not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+            print(f"gptrain: {line}", file=sys.stderr)
         train = build((read, *sizes[1:]), only_split="train")[0]
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]

@@ -158,7 +158,9 @@ def train(
         )
         set_throughput_reference(session, model_config)
         saving.watch_checkpoint_saves(session)
-        train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer, world.local_rank)
+        train_data, valid_data, test_data = b.build_datasets(
+            cfg, vocab, tokenizer, world.local_rank, note=log
+        )
         session.train_split = getattr(train_data, "samples", None)
         session.valid_split = getattr(valid_data, "samples", None)
         log_start(session, model_config, log_dir, schedule_names)

@@ -87,10 +87,17 @@ def test_samples_for_counts_the_ramps_smaller_batches_then_full_ones():
     assert BatchRamp.from_config(None, 4, 2).samples_for(5) == 20
 
 
-def test_train_samples_below_what_the_steps_consume_do_not_run_the_split_out(tmp_path, monkeypatch):
+def test_train_samples_below_what_the_steps_consume_do_not_run_the_split_out(tmp_path, monkeypatch, capsys):
     """Megatron's iteration count for --train-samples can overshoot inside a ramp (5 steps of
-    2, 2, 4, 4, 4 samples here against 8): the split is built for what the steps consume."""
+    2, 2, 2, 2, 4 samples here, 12 against 8): the split is built for what the steps consume, said in
+    the run's log with the other training notes (it went to stderr alone)."""
     overrides = ["model.rampup_batch_size=[2,2,8]", "trainer.max_steps=5", "trainer.train_samples=8"]
     cfg = tiny_config(tmp_path, *MOCK, *overrides, "trainer.limit_val_batches=0")
     code, losses = run_recording(monkeypatch, cfg)
     assert code == 0 and sorted(losses) == [1, 2, 3, 4, 5]
+    note = (
+        "the train split built for trainer.train_samples=8 holds 8 samples, fewer than the 12 that"
+        " trainer.max_steps read: it is built for 12"
+    )
+    assert [line for line in log_lines(tmp_path) if "train split built for" in line] == [note]
+    assert "train split built for" not in capsys.readouterr().err
