@@ -135,6 +135,7 @@ class GPTBatchDataset(Dataset):
         # the start, gptrain.data.token_bound); the same max is held to it instead of to the rows
         self.null_vocab = null_vocab
         self.id_limit = null_vocab if null_vocab is not None else vocab_rows
+        self.built_for: int | None = None  # the samples the split was built for (builders sets it)
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -420,6 +420,7 @@ def _build_datasets(
 
     sizes = dataset_target_sizes(cfg)
     train, valid, test = build(sizes)
+    built_for = sizes[0]
     read = train_samples_read(cfg)
     if train is not None and read is not None and len(train) < read:  # Megatron's split would run out
         line = (
@@ -430,7 +431,7 @@ def _build_datasets(
             note(line)
         elif not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
             print(f"gptrain: {line}", file=sys.stderr)
-        train = build((read, *sizes[1:]), only_split="train")[0]
+        train, built_for = build((read, *sizes[1:]), only_split="train")[0], read
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = "model.data.data_prefix"
@@ -439,4 +440,6 @@ def _build_datasets(
         GPTBatchDataset(d, eod, m.data.eod_mask_loss, rows, source, pad, limit) if d is not None else None
         for d in (train, valid, test)
     ]
+    if wrapped[0] is not None:
+        wrapped[0].built_for = built_for
     return wrapped[0], wrapped[1], wrapped[2]

@@ -40,24 +40,40 @@ SIZING_KEYS = ("max_steps", "train_samples", "val_check_interval", "limit_val_ba
 """The trainer keys the split sizes follow (Megatron's formula: gptrain.data.builder.sample_counts)."""
 
 
-def order_record(train: Sequence[Any], valid: Sequence[Any] | None, consumed: int, trainer: Any) -> dict:
+def order_record(
+    train: Sequence[Any],
+    valid: Sequence[Any] | None,
+    consumed: int,
+    trainer: Any,
+    built_for: int | None = None,
+) -> dict:
     """What a checkpoint keeps to tell a changed order at resume: digests of the train samples the
     run reads next and of the first validation samples (validation reads the same first batches
-    every time), and the keys that sized the splits."""
+    every time), the keys that sized the splits, and the samples the train split was built for
+    (`built_for`: a gptrain that sizes it otherwise changes the order with no key changed)."""
     return {
         "consumed": consumed,
         "next": next_samples(train, consumed),
         "valid": next_samples(valid, 0) if valid is not None else None,
         **{key: getattr(trainer, key) for key in SIZING_KEYS},
+        "train_built_for": built_for,
     }
 
 
 def order_warnings(
-    saved: dict | None, train: Sequence[Any], valid: Sequence[Any] | None, consumed: int, trainer: Any
+    saved: dict | None,
+    train: Sequence[Any],
+    valid: Sequence[Any] | None,
+    consumed: int,
+    trainer: Any,
+    built_for: int | None = None,
+    read: int | None = None,
 ) -> list[str]:
     """A warning line for each split whose samples are not the ones the saved run had (the train
     samples from `consumed` on, the validation samples); none where they are the same, or where the
-    checkpoint cannot tell (saved before this record, at the end of its split)."""
+    checkpoint cannot tell (saved before this record, at the end of its split). `built_for`: the
+    samples this run's train split was built for; `read`: those trainer.max_steps read under
+    trainer.train_samples (target_sizes.train_samples_read), for a split sized otherwise then."""
     if not isinstance(saved, dict):
         return []
     changed = [
@@ -73,11 +89,13 @@ def order_warnings(
         remedy = "resume with the data settings the run had to keep its order"
     warnings = []
     if saved.get("consumed") == consumed and _differs(saved.get("next"), train, consumed):
+        resized = None if changed else _resized(saved, trainer, built_for, read, consumed)
+        train_cause, train_remedy = resized or (cause, remedy)
         warnings.append(
             f"warning: the train samples from {consumed} on are not the ones the checkpoint's run would "
-            f"have read next: {cause}, and the train split's shuffle, which spans the epochs a run asks for "
-            "(as Megatron's), came out in a new order; training goes on in it, so samples already trained "
-            f"on may come again and others be left out this epoch; {remedy}"
+            f"have read next: {train_cause}, and the train split's shuffle, which spans the epochs a run asks"
+            " for (as Megatron's), came out in a new order; training goes on in it, so samples already trained"
+            f" on may come again and others be left out this epoch; {train_remedy}"
         )
     if valid is not None and _differs(saved.get("valid"), valid, 0):
         warnings.append(
@@ -87,6 +105,34 @@ def order_warnings(
             f"comparable; {remedy}"
         )
     return warnings
+
+
+def _resized(
+    saved: dict, trainer: Any, built_for: int | None, read: int | None, consumed: int
+) -> tuple[str, str] | None:
+    """(cause, remedy) where the checkpoint's train split was built for another count than this run's
+    with the same keys: as recorded, or, for a record without the count, by gptrain's rule before
+    2026-11-30 (max(train_samples, what max_steps read) under a ramp); None where the counts agree."""
+    then, megatron = saved.get("train_built_for"), ""
+    if then is not None:
+        cause = (
+            f"the checkpoint's run built the train split for {then:,} samples and this one for {built_for:,},"
+            " with the same trainer settings (gptrain sized it otherwise then)"
+        )
+    elif trainer.train_samples is not None and read is not None:
+        then, megatron = max(trainer.train_samples, read), " (Megatron's order)"
+        cause = (
+            f"gptrain before 2026-11-30 built the train split for the {then:,} samples"
+            f" trainer.max_steps={trainer.max_steps} read under the batch ramp, and builds it for"
+            f" trainer.train_samples={built_for:,} now, as Megatron does (no trainer setting changed)"
+        )
+    if built_for is None or then is None or then == built_for:
+        return None
+    reads = f"from sample {consumed:,} on" if read is None else f"samples {consumed:,} to {read - 1:,}"
+    return cause, (
+        f"it reads {reads} of the split built for {built_for:,}{megatron}; to keep the checkpoint's order,"
+        f" resume with trainer.train_samples={then} (which also sets the length of a weight-decay increment)"
+    )
 
 
 def _differs(saved: str | None, samples: Sequence[Any], start: int) -> bool:

@@ -162,6 +162,7 @@ def train(
             cfg, vocab, tokenizer, world.local_rank, note=log
         )
         session.train_split = getattr(train_data, "samples", None)
+        session.train_built_for = getattr(train_data, "built_for", None)
         session.valid_split = getattr(valid_data, "samples", None)
         log_start(session, model_config, log_dir, schedule_names)
         config_schedule = session.schedule.spec

@@ -26,6 +26,7 @@ from gptrain.train.state import (
     parts_to_load,
     restore_rng_state,
 )
+from gptrain.train.target_sizes import train_samples_read
 from gptrain.train.weight_decay_schedule import described, weight_decay_change
 
 
@@ -99,8 +100,9 @@ def warn_if_the_order_changed(s: Session, extra: dict) -> None:
     if s.train_split is None or not (s.logging_rank or s.world.rank == 0):
         return
     saved = extra.get("train_order")
+    consumed, read = s.state.consumed_samples, train_samples_read(s.cfg)
     for warning in order_warnings(
-        saved, s.train_split, s.valid_split, s.state.consumed_samples, s.cfg.trainer
+        saved, s.train_split, s.valid_split, consumed, s.cfg.trainer, s.train_built_for, read
     ):
         s.log(warning)
 

@@ -32,7 +32,9 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
     extra = rank_state(stream_layout(s.cfg, s.world))
     if s.train_split is not None:  # the next samples, to tell a changed order at resume
         consumed = s.state.consumed_samples
-        extra["train_order"] = order_record(s.train_split, s.valid_split, consumed, s.cfg.trainer)
+        extra["train_order"] = order_record(
+            s.train_split, s.valid_split, consumed, s.cfg.trainer, s.train_built_for
+        )
 
     with s.doing(f"while saving iteration {s.state.step}'s checkpoint"):
         path = s.checkpoints.save(s.state.step, state, extra, waited_for, metrics=validation_metrics(s))

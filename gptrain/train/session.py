@@ -51,6 +51,8 @@ class Session:
     watchdog: Watchdog = field(default_factory=lambda: Watchdog(0, 1, 0.0))  # disabled unless given
     train_split: Sequence[Any] | None = None
     """The train split's samples, in order (gptrain.train.data_order: its next samples are saved)."""
+    train_built_for: int | None = None
+    """The samples the train split was built for (its checkpoints record it: data_order)."""
     valid_split: Sequence[Any] | None = None
     """The validation split's samples, in order (its first ones are saved, as train_split's next)."""
     schedule_names: ScheduleNaming = names_in_config

@@ -31,9 +31,10 @@ def train_samples_read(cfg: TrainingConfig) -> int | None:
     """The samples trainer.max_steps read under trainer.train_samples (None without it): inside a ramp
     Megatron's iteration count can read more than train_samples, which a split built for it (whole
     epochs) often holds anyway; one that does not is rebuilt for this count (builders._build_datasets)."""
-    m, t = cfg.model, cfg.trainer
+    t = cfg.trainer
     if t.train_samples is None:
         return None
+    m = cfg.model
     return BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1).samples_for(t.max_steps)
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from train_e2e_helpers import log_lines, run_recording, tiny_config
 
+from gptrain.checkpoint.rank_state import read_rank_state
 from gptrain.data.gpt_dataset import build_gpt_indices
 from gptrain.data.indexed import IndexedDataset
 from gptrain.data.splits import split_ranges
@@ -37,6 +38,8 @@ def test_a_resume_that_reshuffles_the_train_split_says_so(
     log_dir = tmp_path / "run"
     shape = [*indexed_corpus, f"model.seed={SEED}", "trainer.val_check_interval=1000"]
     assert run_recording(monkeypatch, tiny_config(log_dir, *shape, "trainer.max_steps=4"))[0] == 0
+    record = read_rank_state(log_dir / "checkpoints" / "step_4", 0)["train_order"]
+    assert record["train_built_for"] == 4 * BATCH  # the size the split was built for, kept to compare
     code, losses = run_recording(monkeypatch, tiny_config(log_dir, *shape, f"trainer.max_steps={longer}"))
     assert code == 0 and min(losses) == 5
     warnings = [line for line in log_lines(log_dir) if "are not the ones the checkpoint's run" in line]
@@ -131,6 +134,7 @@ def test_rank_0_says_it_when_the_logging_rank_is_another():
     lines: list[str] = []
     session = SimpleNamespace(
         train_split=before[::-1],  # another order
+        train_built_for=None,
         valid_split=None,
         logging_rank=False,
         world=SimpleNamespace(rank=0),
@@ -143,3 +147,82 @@ def test_rank_0_says_it_when_the_logging_rank_is_another():
     session.world.rank = 1  # neither rank 0 nor the logging rank: silent
     warn_if_the_order_changed(session, {"train_order": saved})
     assert len(lines) == 1
+
+
+def ramp_session(tmp_path, built_for):
+    """A run of `gptrain megatron --train-samples 1000` under a ramp (20 steps reading 1,056 samples)
+    resumed at iteration 10 (320 consumed), its split built for `built_for` samples of a real corpus."""
+    from types import SimpleNamespace
+
+    from gptrain.data.gpt_dataset import GPTDataset
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    prefix = str(tmp_path / "d30")
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        for doc in range(299):
+            writer.add_document(np.array([(doc * 31 + j) % 1000 for j in range(30)], dtype=np.int64))
+
+    def split(samples):
+        return GPTDataset(IndexedDataset(prefix), range(299), samples, 16, 1234, "train", use_cache=False)
+
+    trainer = SimpleNamespace(max_steps=20, train_samples=1000, val_check_interval=1000, limit_val_batches=0)
+    lines: list[str] = []
+    session = SimpleNamespace(
+        train_split=split(built_for),
+        train_built_for=built_for,
+        valid_split=None,
+        logging_rank=True,
+        world=SimpleNamespace(rank=0),
+        state=SimpleNamespace(consumed_samples=320),
+        cfg=SimpleNamespace(
+            trainer=trainer, model=SimpleNamespace(rampup_batch_size=[32, 32, 1000], global_batch_size=128)
+        ),
+        log=lines.append,
+    )
+    return session, split, lines
+
+
+def test_a_resume_across_the_train_samples_sizing_change_names_it(tmp_path):
+    """gptrain before 2026-11-30 built this split for the 1,056 samples the steps read; it is built
+    for 1,000 now (Megatron's): a checkpoint saved before (its record without the size) resumes in a
+    new order with no setting changed, and the warning says so, not that the data settings changed."""
+    from gptrain.train.data_order import order_record
+    from gptrain.train.resuming import warn_if_the_order_changed
+
+    session, split, lines = ramp_session(tmp_path, 1000)
+    before = split(1056)  # the reference: the old sizing's order differs at 320
+    assert not all(np.array_equal(before[i], session.train_split[i]) for i in range(320, 324))
+    saved = order_record(before, None, 320, session.cfg.trainer)
+    saved.pop("train_built_for", None)  # the old gptrain's record had no size
+    warn_if_the_order_changed(session, {"train_order": saved})
+    assert len(lines) == 1, lines
+    assert "data settings" not in lines[0] and "\n" not in lines[0]
+    assert lines[0].startswith(
+        "warning: the train samples from 320 on are not the ones the checkpoint's run would have read next:"
+        " gptrain before 2026-11-30 built the train split for the 1,056 samples trainer.max_steps=20 read"
+        " under the batch ramp, and builds it for trainer.train_samples=1,000 now, as Megatron does (no trainer"
+    )
+    assert "reads samples 320 to 1,055 of the split built for 1,000 (Megatron's order)" in lines[0]
+    assert "to keep the checkpoint's order, resume with trainer.train_samples=1056 (" in lines[0]
+
+
+def test_a_recorded_split_size_tells_a_sizing_change_from_a_data_change(tmp_path):
+    """A checkpoint that records the size its split was built for: a different size with the same
+    settings is named with both counts; the same size in another order is the data settings'."""
+    from gptrain.train.data_order import order_record
+    from gptrain.train.resuming import warn_if_the_order_changed
+
+    session, split, lines = ramp_session(tmp_path, 1000)
+    saved = order_record(split(1056), None, 320, session.cfg.trainer, built_for=1056)
+    assert saved["train_built_for"] == 1056
+    warn_if_the_order_changed(session, {"train_order": saved})
+    assert len(lines) == 1 and (
+        "the checkpoint's run built the train split for 1,056 samples and this one for 1,000, with the same"
+        " trainer settings" in lines[0]
+    )
+    lines.clear()
+    saved = order_record(
+        split(1056), None, 320, session.cfg.trainer, built_for=1000
+    )  # as if the data changed
+    warn_if_the_order_changed(session, {"train_order": saved})
+    assert len(lines) == 1 and "the data settings changed" in lines[0]
