@@ -25,6 +25,7 @@ background thread while training runs: pinning the whole state is the slow part 
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
@@ -49,7 +50,7 @@ from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_
 from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError
 from gptrain.checkpoint.integrity import COMPLETE, complete_record, is_complete, with_metrics
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
-from gptrain.checkpoint.pruning import CheckpointPruning
+from gptrain.checkpoint.pruning import CheckpointPruning, put_in_place, replacing_dir
 from gptrain.checkpoint.rank_state import rank_state_bytes
 from gptrain.checkpoint.reader import CheckpointReader
 from gptrain.checkpoint.save_failures import (
@@ -161,37 +162,39 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         if problem is not None:  # every rank learns it, none waits for rank 0 in a collective
             raise self.failure or CheckpointWriteError(problem)
         self.report_done_through(step)  # every rank's earlier saves are written and marked
+        link = os.readlink(path) if path.is_symlink() else None  # replaced once the save is complete
+        files = replacing_dir(path) if link is not None else path
+        report = SaveReport(step, path, 0.0, 0.0, in_background, waited, metrics=metrics, replaced_link=link)
+        report.written_in = files if link is not None else None
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            files.mkdir(parents=True, exist_ok=True)
             self._writer = ChecksummingWriter(
-                path,
+                files,
                 background=in_background,
                 direct_io=self.direct_io,
                 own_files={f"rank_{self.rank}.pt": rank_state_bytes(rank_state)},
             )
             if in_background:
                 self.wait_for_preparation()  # the buffer being pinned ahead is the one this save fills
-                self._start_background_save(
-                    SaveReport(step, path, 0.0, 0.0, True, waited, metrics=metrics), state, started
-                )
+                self._start_background_save(report, state, started)
                 return path
             dcp.save(
                 state,
-                checkpoint_id=str(path),
+                checkpoint_id=str(files),
                 storage_writer=self._writer,
                 planner=CachingSavePlanner(self._plan_key),
             )
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-            raise write_failed(self.root, path, error) from error
-        elapsed = time.perf_counter() - started
-        self._finish(SaveReport(step, path, elapsed, elapsed, False, waited, metrics=metrics))
+            raise write_failed(self.root, files, error) from error
+        report.stall_s = report.write_s = time.perf_counter() - started
+        self._finish(report)
         return path
 
     def _start_background_save(self, report: SaveReport, state: dict[str, Any], started: float) -> None:
         """`report`: this save's, its stall set here once the write has started."""
         response = dcp.async_save(
             state,
-            checkpoint_id=str(report.path),
+            checkpoint_id=str(report.files_dir),
             storage_writer=self._writer,
             async_stager=self._agreed_staging(),
             process_group=self._group,
@@ -338,9 +341,9 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         try:
             pending.written.result()
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-            if is_complete(pending.report.path):  # written and marked: `latest` or pruning failed
+            if is_complete(pending.report.files_dir):  # written and marked: `latest` or pruning failed
                 raise update_failed(self.root, pending.report.path, error) from error
-            raise write_failed(self.root, pending.report.path, error) from error
+            raise write_failed(self.root, pending.report.files_dir, error) from error
         return pending.report
 
     def _report(self, report: SaveReport) -> None:
@@ -365,7 +368,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         if failure is not None:
             kind, line = failure
             if kind != UPDATE_FAILED:  # never marked: this rank's files of it go, wherever they are
-                shutil.rmtree(report.path, ignore_errors=True)
+                shutil.rmtree(report.files_dir, ignore_errors=True)  # a step symlink stays
             raise (CheckpointNotSharedError if kind == NOT_SHARED else CheckpointWriteError)(line)
         if self.on_saved is not None:
             self.on_saved(report)
@@ -377,9 +380,9 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         except CheckpointNotSharedError as error:
             return NOT_SHARED, str(error)
         except OSError as error:
-            if is_complete(report.path):
+            if is_complete(report.files_dir):
                 return UPDATE_FAILED, str(update_failed(self.root, report.path, error))
-            return WRITE_FAILED, str(write_failed(self.root, report.path, error))
+            return WRITE_FAILED, str(write_failed(self.root, report.files_dir, error))
         return None
 
     def _mark_complete(self, report: SaveReport, checksums: dict[str, str | None]) -> None:
@@ -388,12 +391,13 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         rank's write results, so every rank's files and checksum sidecar are on disk by then."""
         tokenizer = self.tokenizer.record if self.tokenizer is not None else None
         world_size = saving_world_size()
-        gathered, files, unseen = complete_manifest(report.path, checksums, world_size)
+        written = report.files_dir
+        gathered, files, unseen = complete_manifest(written, checksums, world_size)
         if unseen:
             raise CheckpointNotSharedError(not_shared_text(report.path, unseen))
         record = complete_record(
             report.step,
-            report.path,
+            written,
             gathered,
             tokenizer,
             self.architecture,
@@ -402,7 +406,9 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             files=files,
             world_size=world_size,
         )
-        fsync_directory(report.path)  # every file's name durable (.metadata was renamed) before COMPLETE's
+        fsync_directory(written)  # every file's name durable (.metadata was renamed) before COMPLETE's
+        if written != report.path:  # a step symlink, replaced only now: its target never written through
+            put_in_place(written, report.path)
         atomic_write_text(report.path / COMPLETE, record)
         if (removed := remove_unfinished_latest(self.root)) is not None:
             print(removed, file=sys.stderr)

@@ -14,6 +14,7 @@ from gptrain.checkpoint.errors import root_cause
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_steps, is_complete
 from gptrain.checkpoint.retention import STEP, Ranked, Removal, recorded_metric, removals
 from gptrain.errors import os_error_text
+from gptrain.utils.atomic import fsync_directory
 
 
 class CheckpointPruning:
@@ -129,20 +130,18 @@ class CheckpointPruning:
 
     def _clear_step_dir(self, path: Path) -> str | None:
         """Rank 0 removes a torn or superseded save of the same step (no longer a checkpoint before any
-        file goes), or the link where that step is a symlink (its target left alone); what stops the save
+        file goes); where that step is a symlink, the link stays until the save written beside it
+        (`replacing_dir`) replaces it, and only a dead save's leftover there goes. What stops the save
         when `path` cannot take it (one line, told to every rank)."""
         if path.is_symlink() and path.is_dir():
             try:
-                target = _unlink(path)
+                shutil.rmtree(replacing_dir(path), ignore_errors=True)
+                replacing_dir(path).mkdir(parents=True)
             except OSError as error:
                 return (
-                    f"checkpoint {path} cannot be saved: the symlink of that name could not be removed "
-                    f"({_reason(error, path)}); remove it, then run again"
+                    f"checkpoint {path} cannot be saved beside the symlink of that name: "
+                    f"{os_error_text(error, replacing_dir(path))}; fix permissions under {self.root}, then run again"
                 )
-            print(
-                f"gptrain: {unlinked_text(path, target, f'this run saves {path.name} itself')}",
-                file=sys.stderr,
-            )
             return None
         # a dangling link stays: its target may sit on a filesystem not mounted on this node
         if path.is_symlink() and not path.exists():
@@ -227,6 +226,20 @@ def unlinked_text(path: Path, target: str, why: str, target_removed: str | None 
     if target_removed is not None:
         return f"unlinked {path.name} ({why}; a symlink to {target}, this run's {target_removed}, which is removed as well)"
     return f"unlinked {path.name} ({why}; a symlink to {target}: its target was left alone)"
+
+
+def replacing_dir(path: Path) -> Path:
+    """Where a save of the step whose directory `path` is a symlink is written: a name no lookup takes
+    for a step, renamed to `path` (the link removed) once every file is on disk, before COMPLETE."""
+    return path.parent / f".{path.name}.replacing"
+
+
+def put_in_place(written: Path, path: Path) -> None:
+    """Replace the step symlink `path` with the save written in `written`; the link's target untouched."""
+    if path.is_symlink():
+        os.unlink(path)
+    os.rename(written, path)
+    fsync_directory(path.parent)
 
 
 def _unlink(path: Path) -> str:

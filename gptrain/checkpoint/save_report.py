@@ -30,6 +30,15 @@ class SaveReport:
     """Set by rank 0: the checkpoints retention removed after this save, each with its reason."""
     metrics: dict[str, float] | None = None
     """What COMPLETE records for retention to rank by (the validation loss of this step), or None."""
+    written_in: Path | None = None
+    """Where a save over a step symlink is written (pruning.replacing_dir), until it replaces the link."""
+    replaced_link: str | None = None
+    """The target of the step symlink this save replaces (left alone), or None."""
+
+    @property
+    def files_dir(self) -> Path:
+        """Where the save's files are: `written_in` until it replaced the link, then `path`."""
+        return self.written_in if self.written_in is not None and self.written_in.exists() else self.path
 
     @property
     def bytes(self) -> int:
@@ -53,6 +62,10 @@ class SaveReport:
             else:
                 path = Path(step_dir_name(removal.step))
                 line += f"; {unlinked_text(path, removal.link, removal.reason, removal.target_removed)}"
+        if self.replaced_link is not None:
+            name = self.path.name
+            line += f"; replaced the symlink {name} (to {self.replaced_link}) with this run's own {name}: its"
+            line += " target was left alone"
         return line
 
 

@@ -3,6 +3,7 @@ tiering linking old checkpoints back) is this run's only as a link: retention, a
 a save over the same step remove the link, never anything through it (review C25 F1)."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,19 +62,51 @@ def test_a_linked_torn_step_loses_only_the_link(tmp_path):
     assert sorted(p.name for p in (other / "step_2").iterdir()) == [n for n in files[2] if n != COMPLETE]
 
 
-def test_a_save_over_a_linked_step_writes_its_own_and_leaves_the_target_whole(tmp_path, capsys):
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_save_over_a_linked_step_writes_its_own_and_leaves_the_target_whole(tmp_path, async_save):
+    """The save is written under a temporary name beside the link, which it replaces once every file
+    is on disk; COMPLETE goes in last. The save's line says the link went and its target stayed."""
+    other, files = other_run(tmp_path, steps=(4,))
+    run = run_linking(tmp_path, other, 4)
+    lines = []
+    manager = CheckpointManager(
+        run, keep_last=-1, async_save=async_save, on_saved=lambda report: lines.append(report.describe())
+    )
+    manager.save(4, {"model": {"w": torch.full((2,), 9.0)}}, {"rng": torch.tensor([9])})
+    manager.close()
+    assert not (run / "step_4").is_symlink() and complete_steps(run) == [4]
+    assert sorted(p.name for p in run.iterdir()) == ["latest", "step_4"]  # no temporary name left
+    assert verify(run / "step_4", checksums=True) is None
+    assert sorted(p.name for p in (other / "step_4").iterdir()) == files[4]
+    assert verify(other / "step_4", checksums=True) is None
+    assert len(lines) == 1 and lines[0].endswith(
+        f"; replaced the symlink step_4 (to {other / 'step_4'}) with this run's own step_4: its target was"
+        " left alone"
+    )
+    loaded = CheckpointManager(run, keep_last=-1).read_state(run / "step_4", {"model": {"w": torch.zeros(2)}})
+    assert loaded["model"]["w"].tolist() == [9.0, 9.0]  # this run's, not the other's 4.0
+
+
+def test_a_save_over_a_linked_step_that_fails_keeps_the_link(tmp_path, monkeypatch):
+    """Unlinked before the write, a save that failed half way left neither the link nor a checkpoint
+    of the step: a resume from the other run's checkpoint lost it."""
+    import torch.distributed.checkpoint as dcp
+
     other, files = other_run(tmp_path, steps=(4,))
     run = run_linking(tmp_path, other, 4)
     manager = CheckpointManager(run, keep_last=-1)
-    save(manager, 4)
-    manager.close()
-    assert not (run / "step_4").is_symlink() and complete_steps(run) == [4]
+
+    def full_disk(state, checkpoint_id, **kwargs):
+        (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dcp, "save", full_disk)
+    with pytest.raises(CheckpointWriteError):
+        save(manager, 4)
+    assert (run / "step_4").is_symlink() and complete_steps(run) == [4]
+    assert sorted(p.name for p in run.iterdir()) == ["step_4"]
     assert sorted(p.name for p in (other / "step_4").iterdir()) == files[4]
     assert verify(other / "step_4", checksums=True) is None
-    assert (
-        f"unlinked step_4 (this run saves step_4 itself; a symlink to {other / 'step_4'}: its target was left alone)"
-        in capsys.readouterr().err
-    )
 
 
 def test_the_loss_a_stop_left_due_is_not_written_into_a_linked_step(tmp_path):
@@ -212,3 +245,24 @@ def test_a_save_over_a_dangling_step_link_names_the_link_and_keeps_it(tmp_path):
         "target, then run the same command again"
     )
     assert (run / "step_4").is_symlink()
+
+
+def test_two_ranks_save_over_a_linked_step_into_one_directory_of_their_own(tmp_path):
+    """Every rank writes beside the link, under the name rank 0 cleared; rank 0 puts it in place."""
+    import json
+
+    from gloo_ranks import run_ranks
+
+    other, files = other_run(tmp_path, steps=(4,))
+    runs = []
+    for async_save in (False, True):
+        run = run_linking(tmp_path / f"async_{async_save}", other, 4)
+        runs.append([str(run), async_save])
+    run_ranks(Path(__file__).with_name("linked_step_worker.py"), json.dumps(runs))
+    for run, _ in runs:
+        step = Path(run) / "step_4"
+        assert not step.is_symlink() and verify(step, checksums=True) is None
+        assert {"rank_0.pt", "rank_1.pt"} <= {p.name for p in step.iterdir()}
+        assert sorted(p.name for p in Path(run).iterdir()) == ["latest", "step_4"]
+    assert sorted(p.name for p in (other / "step_4").iterdir()) == files[4]
+    assert verify(other / "step_4", checksums=True) is None
