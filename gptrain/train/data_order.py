@@ -113,21 +113,25 @@ def _resized(
     """(cause, remedy) where the checkpoint's train split was built for another count than this run's
     with the same keys: as recorded, or, for a record without the count, by gptrain's rule before
     2026-11-30 (max(train_samples, what max_steps read) under a ramp); None where the counts agree."""
-    then, megatron = saved.get("train_built_for"), ""
-    if then is not None:
-        cause = (
-            f"the checkpoint's run built the train split for {then:,} samples and this one for {built_for:,},"
-            " with the same trainer settings (gptrain sized it otherwise then)"
-        )
+    if "train_built_for" in saved:  # None: a split this gptrain could not size, nothing to compare
+        then, before = saved["train_built_for"], False
     elif trainer.train_samples is not None and read is not None:
-        then, megatron = max(trainer.train_samples, read), " (Megatron's order)"
+        then, before = max(trainer.train_samples, read), True
+    else:
+        return None
+    if built_for is None or then is None or then == built_for:
+        return None
+    cause = (
+        f"the checkpoint's run built the train split for {then:,} samples and this one for {built_for:,},"
+        " with the same trainer settings (gptrain sized it otherwise then)"
+    )
+    if before:
         cause = (
             f"gptrain before 2026-11-30 built the train split for the {then:,} samples"
             f" trainer.max_steps={trainer.max_steps} read under the batch ramp, and builds it for"
             f" trainer.train_samples={built_for:,} now, as Megatron does (no trainer setting changed)"
         )
-    if built_for is None or then is None or then == built_for:
-        return None
+    megatron = " (Megatron's order)" if before else ""
     reads = f"from sample {consumed:,} on" if read is None else f"samples {consumed:,} to {read - 1:,}"
     return cause, (
         f"it reads {reads} of the split built for {built_for:,}{megatron}; to keep the checkpoint's order,"

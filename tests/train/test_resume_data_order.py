@@ -220,9 +220,8 @@ def test_a_recorded_split_size_tells_a_sizing_change_from_a_data_change(tmp_path
         "the checkpoint's run built the train split for 1,056 samples and this one for 1,000, with the same"
         " trainer settings" in lines[0]
     )
-    lines.clear()
-    saved = order_record(
-        split(1056), None, 320, session.cfg.trainer, built_for=1000
-    )  # as if the data changed
-    warn_if_the_order_changed(session, {"train_order": saved})
-    assert len(lines) == 1 and "the data settings changed" in lines[0]
+    for recorded in (1000, None):  # the size it has (as if the data changed), or none recorded
+        lines.clear()
+        saved = order_record(split(1056), None, 320, session.cfg.trainer, built_for=recorded)
+        warn_if_the_order_changed(session, {"train_order": saved})
+        assert len(lines) == 1 and "the data settings changed" in lines[0]
