@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -85,16 +85,19 @@ class ChecksummingWriter(FileSystemWriter):
         background: bool = False,
         direct_io: bool = False,
         own_files: dict[str, bytes] | None = None,
+        on_written: Callable[[], None] | None = None,
     ) -> None:
         """`own_files`: this rank's files beside its shards ({name: bytes}: its rank file), written
         with them, so that DCP's agreement on the write covers their failure too: written before DCP's
         save, a full disk under one rank's stopped that rank alone, its peers left waiting in DCP's
-        first collective until the group timed out."""
+        first collective until the group timed out. `on_written`: called once this rank's files are
+        written (its sidecar too), before DCP's gather of every rank's results."""
         super().__init__(str(path), sync_files=False)  # each file fsyncs itself as it closes
         self.directory = Path(path)
         self.background = background
         self.fs = _ChecksummingFileSystem(direct_io)
         self.own_files = own_files or {}
+        self.on_written = on_written
 
     @property
     def checksums(self) -> dict[str, str | None]:
@@ -111,6 +114,8 @@ class ChecksummingWriter(FileSystemWriter):
             future.wait()  # FileSystemWriter writes synchronously; this only surfaces its errors here
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         atomic_write_text(self.directory / sidecar_name(rank), json.dumps(self.checksums) + "\n")
+        if self.on_written is not None:
+            self.on_written()
         return future
 
 

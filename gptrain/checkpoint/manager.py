@@ -32,6 +32,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         self.direct_io = takes_direct_io(root) if direct_io is None else direct_io
         self.pinned_staging = torch.cuda.is_available() if pinned_staging is None else pinned_staging
         self.on_saved = on_saved
+        # a synchronous save's writing noted (True) and done (False) on this rank: the run's hang watchdog
+        self.note_writing: Callable[[bool], None] | None = None
         self._pending: Pending | None = None
         # a background save's failure poll() found, until every rank has agreed to stop on it
         self.failure: CheckpointWriteError | None = None
@@ -173,11 +176,16 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
                 background=in_background,
                 direct_io=self.direct_io,
                 own_files={f"rank_{self.rank}.pt": rank_state_bytes(rank_state)},
+                on_written=None
+                if in_background or not self.note_writing
+                else partial(self.note_writing, False),
             )
             if in_background:
                 self.wait_for_preparation()  # the buffer being pinned ahead is the one this save fills
                 self._start_background_save(report, state, started)
                 return path
+            if self.note_writing is not None:
+                self.note_writing(True)
             dcp.save(
                 state,
                 checkpoint_id=str(files),

@@ -84,7 +84,9 @@ class TrainerConfig:
     hang_timeout_minutes: float = 10.0
     """gptrain extension: a rank whose training step (or global batch of a validation or test split)
     makes no progress for this long (5 times this for its first step and first evaluated batch) ends
-    the job with exit 76, naming the stuck rank and host; 0 disables the watchdog."""
+    the job with exit 76, naming the stuck rank and host; 0 disables the watchdog. A checkpoint save
+    gets 5 times this, or its state's bytes at 25 MB/s a rank where longer, below the process group's
+    timeout (gptrain.train.saving.save_allowance_s)."""
     run_ahead: bool = True
     """gptrain extension: queue the next step's forward/backward before reading a step's loss and
     grad norm, where the update needs no host decision (fused AdamW on the GPU, bf16/fp32, no FSDP2

@@ -154,7 +154,7 @@ def evaluate_test_split(
     waited for), then recorded done, so a resume at max_steps does not evaluate it again. Stopped
     (EvaluationStopped), it is not recorded: the requeued run evaluates it."""
     evaluate_split(s, data, s.cfg.trainer.limit_test_batches, (" on test set",), TB_TEST_LOSS, stop_check)
-    s.checkpoints.wait()
+    saving.wait_for_saves(s)
     if s.world.rank == 0 and has_batches(data, s.cfg.trainer.limit_test_batches):
         record_test_done(Path(s.cfg.exp_manager.explicit_log_dir), s.state.step)
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from gptrain.checkpoint.errors import root_cause
 from gptrain.checkpoint.retention import STEP
@@ -17,6 +21,17 @@ from gptrain.train.data_order import order_record
 from gptrain.train.session import Session
 from gptrain.train.state import checkpoint_state, rank_state
 from gptrain.train.step import StepResult
+from gptrain.train.watchdog import (
+    DIAGNOSIS_WAIT_SECONDS,
+    FIRST_STEP_FACTOR,
+    GRACE_SECONDS,
+    SYNC_MAX_SECONDS,
+    collective_timeout_minutes,
+)
+
+# A save's floor on write speed, per rank, for its hang allowance (save_allowance_s): a slow shared
+# file system under every rank of a job at once
+SAVE_BYTES_PER_SECOND = 25e6
 
 
 def saves_at(s: Session, step: int) -> bool:
@@ -36,11 +51,47 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
             s.train_split, s.valid_split, consumed, s.cfg.trainer, s.train_built_for
         )
 
-    with s.doing(f"while saving iteration {s.state.step}'s checkpoint"):
+    allowance = save_allowance_s(s.cfg.trainer.hang_timeout_minutes, state_bytes(state))
+    with (
+        s.watchdog.saving(s.state.step, allowance),
+        s.doing(f"while saving iteration {s.state.step}'s checkpoint"),
+    ):
         path = s.checkpoints.save(s.state.step, state, extra, waited_for, metrics=validation_metrics(s))
     if s.checkpoints.writing:
         s.log(f"saving checkpoint {path.name} in the background")
     return path
+
+
+def wait_for_saves(s: Session) -> None:
+    """Wait for a background save and agree on its outcome (CheckpointManager.wait), watched as a save
+    given the longest allowance: its write may still run, and its size is not at hand."""
+    allowance = save_allowance_s(s.cfg.trainer.hang_timeout_minutes, sys.maxsize)
+    with s.watchdog.saving(s.state.step, allowance):
+        s.checkpoints.wait()
+
+
+def save_allowance_s(hang_timeout_minutes: float, state_bytes: int) -> float:
+    """How long a save of `state_bytes` (this rank's) may take before the hang watchdog ends the job:
+    FIRST_STEP_FACTOR hang timeouts (50 min by default), or its bytes at SAVE_BYTES_PER_SECOND where
+    longer (a 1.3B model's 16 GB: 11 min; 175B under TP8 x PP16, 22 GB a rank: 15 min), never past the
+    process group's timeout less the diagnosis and grace: the other ranks wait in the save's collective
+    for the slowest writer, where NCCL's abort (not requeued, nobody named) would end it anyway."""
+    timeout_s = 60 * hang_timeout_minutes
+    wanted = max(FIRST_STEP_FACTOR * timeout_s, state_bytes / SAVE_BYTES_PER_SECOND)
+    group_s = 60 * collective_timeout_minutes(hang_timeout_minutes)
+    return min(wanted, group_s - DIAGNOSIS_WAIT_SECONDS - GRACE_SECONDS - 2 * SYNC_MAX_SECONDS)
+
+
+def state_bytes(state: Any) -> int:
+    """The bytes of the tensors in a (nested) state dict held by this rank (a DTensor's local shard)."""
+    if isinstance(state, dict):
+        return sum(state_bytes(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(value) for value in state)
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return local.numel() * local.element_size()
+    return 0
 
 
 def validation_metrics(s: Session) -> dict[str, float] | None:
@@ -112,6 +163,7 @@ def watch_checkpoint_saves(s: Session) -> None:
             s.log(f"warning: {save_outlasts_signal(report, lead)}")
 
     s.checkpoints.on_saved = on_saved
+    s.checkpoints.note_writing = lambda on: s.watchdog.busy("writing its checkpoint files" if on else None)
     s.optimizer.register_step_pre_hook(lambda *_: s.checkpoints.wait_for_staging())
 
 

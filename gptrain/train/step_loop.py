@@ -119,7 +119,7 @@ def run(
                 ),
             )
         s.checkpoints.report_done_through(agreement.done_everywhere)  # a save rank 0 marked, too
-        check_finite(s, result, meter)  # its wait for a background write unwatched: a save's time
+        check_finite(s, result, meter)  # its wait for a background write watched as a save
         agreed_stop = agreed_stop or reason
         last = s.state.step >= t.max_steps
         stoppable = not last or end_check is not None
@@ -357,7 +357,7 @@ def check_finite(s: Session, result: StepResult, meter: IntervalMeter) -> None:
     stop the run after trainer.max_consecutive_nonfinite of them in a row, the iterations since the
     last line logged first (the losses before the divergence are what tells its cause). The stop line
     carries the last one's values: it has no warning (with a limit of 1, none has). Its log writes and
-    checkpoint listing are watched (a hung shared file system), its wait for a background write not."""
+    checkpoint listing are watched (a hung shared file system), its wait for a background write as a save."""
     limit = s.cfg.trainer.max_consecutive_nonfinite
     if not result.nonfinite:
         return
@@ -371,7 +371,7 @@ def check_finite(s: Session, result: StepResult, meter: IntervalMeter) -> None:
     if meter.iterations:
         with s.watchdog.boundary(s.state.step):
             log_interval(s, meter)
-    s.checkpoints.wait()  # a background save of a finite step is still the last good one
+    saving.wait_for_saves(s)  # a background save of a finite step is still the last good one
     with s.watchdog.boundary(s.state.step):
         message = (
             f"loss or gradients not finite for {s.state.consecutive_nonfinite} iterations in a row "

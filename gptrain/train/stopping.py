@@ -96,7 +96,7 @@ def stop_for_requeue(
         return 0
     if not saved:
         saving.save_checkpoint(s, waited_for=True)
-    s.checkpoints.wait()
+    saving.wait_for_saves(s)
     if validation_owed is None:
         validation_owed = eval_splits.validation_owed(s, s.state.step)
     left = left_to_the_resumed_run(s, validation_owed, test_owed)
@@ -131,7 +131,7 @@ def exit_at_interval(
     saves = s.cfg.exp_manager.create_checkpoint_callback
     if saves and not saved:
         saving.save_checkpoint(s, waited_for=True)
-    s.checkpoints.wait()
+    saving.wait_for_saves(s)
     kept = "; the same command resumes from its checkpoint" if saves else " (checkpoints are off)"
     also = f"; {stopped_for} at this iteration too" if stopped_for else ""
     left = left_to_the_resumed_run(s, validation_owed, test_owed=False) if saves else ""

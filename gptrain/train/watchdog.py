@@ -23,7 +23,10 @@ from the last complete checkpoint.
 Watched: each step, its end, start-up's end, and each global batch of a validation or test split
 (as long as a step's forward: a rank hung there, on a data mount or a GPU, held the others in the
 evaluation's collective until the process group's timeout, whose NCCL abort is not requeued), each
-with the step's timeout. Not watched: checkpoint saves, which may legitimately take long.
+with the step's timeout; and each checkpoint save (`saving`: a synchronous save's write and its
+collectives, a background save's agreements) with its own allowance (`save_allowance_s`). Inside a
+section a rank notes what it is busy with (`doing`: loading its micro-batches, writing its files):
+where every rank is inside the same section, those still busy are the stuck ones.
 """
 
 from __future__ import annotations
@@ -171,6 +174,33 @@ class Watchdog:
         self._mark(iteration, "done")
 
     @contextmanager
+    def saving(self, iteration: int, budget_s: float) -> Iterator[None]:
+        """Watch a checkpoint save after step `iteration` (every rank saves at the same points), given
+        `budget_s` (save_allowance_s). Left done however it ends: a failed save's error is the run's."""
+        self._mark(iteration, "save", budget_s=budget_s)
+        try:
+            yield
+        finally:
+            self._mark(iteration, "done")
+
+    @contextmanager
+    def doing(self, what: str) -> Iterator[None]:
+        """Note, inside a watched section, that this rank is busy with `what` ("loading its micro-batches"):
+        a rank still busy where the others are done with it and wait in the section's collective is
+        the stuck one (memory only, as `_mark`)."""
+        self.busy(what)
+        yield  # an error leaves it noted until the next section: the rank is past it then
+        self.busy(None)
+
+    def busy(self, what: str | None) -> None:
+        """`doing`, noted until the next call (None: done with it) or section."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._beat is not None and self._beat["phase"] != "done":
+                self._beat = {**self._beat, "doing": what}
+
+    @contextmanager
     def evaluation(self, iteration: int, split: str, batch: int | None) -> Iterator[None]:
         """Watch one global batch (1-based) of the `split` ("validation", "test split") evaluated after
         step `iteration`, or with batch None its closing reduction. Left done however it ends: a stop
@@ -182,8 +212,8 @@ class Watchdog:
         finally:
             self._mark(iteration, "done")
 
-    def _mark(self, iteration: int, phase: str, **where: object) -> None:
-        """On the training thread, every step: memory only, never a store call."""
+    def _mark(self, iteration: int, phase: str, budget_s: float | None = None, **where: object) -> None:
+        """On the training thread, every step: memory only, never a store call. `budget_s`: a save's."""
         if not self.enabled:
             return
         with self._lock:
@@ -207,7 +237,9 @@ class Watchdog:
                 **left,
             }
             self._iteration = iteration
-            if entered and phase == "eval":
+            if budget_s is not None:  # a save's own allowance
+                self._since, self._budget = time.monotonic(), budget_s
+            elif entered and phase == "eval":
                 self._since = time.monotonic()
                 evaluation = (iteration, where.get("split"))
                 self._first_evaluation = self._first_evaluation or evaluation
@@ -334,9 +366,12 @@ class Watchdog:
     def diagnose(self, iteration: int) -> str:
         """One line: which ranks never entered this rank's watched section (in `iteration`) while the
         others wait inside it, or which are still inside it when others are past it."""
-        waited = f"{self.timeout_s:.0f} s (trainer.hang_timeout_minutes)"
         with self._lock:
             mine = self._beat or {"iteration": iteration, "phase": "in", "section": self._sections}
+        saving = mine["phase"] == "save" or mine.get("of") == "save"
+        waited = f"{self._budget if saving else self.timeout_s:.0f} s (" + (
+            "the save's allowance)" if saving else "trainer.hang_timeout_minutes)"
+        )
         place = _place(mine)
         if self.store is None:
             return f"hang: rank {self.rank} on host {self.host} (pid {self.pid}) made no progress in {place} for {waited}"
@@ -357,6 +392,11 @@ class Watchdog:
         waiting = [r for r, b in beats.items() if _position(b) == here]
         past = [r for r, b in beats.items() if _position(b) > here]
         stuck = [r for r in range(self.world_size) if r not in waiting and r not in past]
+        busy = [r for r in waiting if beats[r].get("doing")]
+        if not stuck and not past and 0 < len(busy) < len(waiting):  # the others wait for them inside it
+            named = "; ".join(describe(r, beats[r]) for r in busy)
+            idle = ", ".join(str(r) for r in waiting if r not in busy)
+            return f"hang: stuck {named}: still at it after {waited}, which rank(s) {idle} finished, waiting in {place}"
         if not stuck and past:  # the others finished it and went on: those still inside are stuck
             named = "; ".join(describe(r, beats.get(r)) for r in waiting)
             return (
@@ -440,6 +480,8 @@ def _place(beat: dict[str, Any]) -> str:
         phase = "in" if beat.get("of") in (None, "end", "done") else beat["of"]
     if phase == "start":
         return f"the end of start-up, before iteration {iteration}"
+    if phase == "save":
+        return f"the checkpoint save of iteration {iteration}"
     if phase == "eval":
         split = beat.get("split") or "evaluation"
         if beat.get("batch") is None:
@@ -453,4 +495,5 @@ def describe(rank: int, beat: dict[str, Any] | None) -> str:
         return f"rank {rank} (no heartbeat)"
     where = "finishing" if beat["phase"] == "done" else "inside"
     age = time.time() - float(beat["time"])
-    return f"rank {rank} on host {beat['host']} (pid {beat['pid']}), last seen {where} {_place(beat)} ({age:.0f} s ago)"
+    doing = f", {beat['doing']}" if beat.get("doing") else ""
+    return f"rank {rank} on host {beat['host']} (pid {beat['pid']}), last seen {where} {_place(beat)}{doing} ({age:.0f} s ago)"

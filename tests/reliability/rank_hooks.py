@@ -18,6 +18,8 @@ python rank_hooks.py signal-in-startup RANK gptrain-args...   that rank gets SIG
                                                             the checkpoint (start-up, before step 1)
 python rank_hooks.py nan-from RANK ITERATION gptrain-args...   that rank's training loss is NaN from
                                                             ITERATION on (one micro-batch a step)
+python rank_hooks.py stop-in-save RANK ITERATION gptrain-args...   that rank's write of the checkpoint
+                                                            of ITERATION never returns (a dead file system)
 python rank_hooks.py disk-full-in-save RANK ITERATION gptrain-args...   that rank's write of the
                                                             checkpoint of ITERATION fails (ENOSPC)
 python rank_hooks.py staging-fails-in-save RANK ITERATION gptrain-args...   that rank's staging copy
@@ -214,6 +216,22 @@ def disk_full_in_save(full_rank: int, iteration: int) -> None:
     writer.write_data = failing_write
 
 
+def stop_in_save(stopped_rank: int, iteration: int) -> None:
+    from gptrain.checkpoint.directory import step_dir_name
+
+    writer = checksum_writer.ChecksummingWriter
+    write_data = writer.write_data
+
+    def never_returning_write(self, plan, planner):
+        if int(os.environ["RANK"]) == stopped_rank and str(self.path).endswith(step_dir_name(iteration)):
+            print(f"rank {stopped_rank}: its checkpoint write never returns", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
+        return write_data(self, plan, planner)
+
+    writer.write_data = never_returning_write
+
+
 def staging_fails_in_save(failing_rank: int, iteration: int) -> None:
     """The copy of the state an async save stages (DefaultStager's, on CPU) fails on that rank alone."""
     save, stage = saving.save_checkpoint, DefaultStager._stage
@@ -267,6 +285,7 @@ HOOKS = {  # name: (install, how many integer arguments it takes)
     "signal-in-test": (signal_in_test, 1),
     "nan-from": (nan_from, 2),
     "disk-full-in-save": (disk_full_in_save, 2),
+    "stop-in-save": (stop_in_save, 2),
     "staging-fails-in-save": (staging_fails_in_save, 2),
     "complete-full": (complete_full, 1),
     "complete-full-slow": (complete_full_slow, 2),

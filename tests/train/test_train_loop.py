@@ -864,7 +864,7 @@ def test_a_divergence_waiting_for_a_long_background_write_is_not_called_a_hang(t
     """The stop after trainer.max_consecutive_nonfinite waits for the background write of the last good
     save, to name it. That wait sat inside the step's watched end: a write longer than
     trainer.hang_timeout_minutes (minutes for a large model) was reported as a hung rank, exit 76, and
-    the requeued job diverged again. Now the wait is a save's time, which the watchdog does not time."""
+    the requeued job diverged again. Now the wait is watched as a save, with a save's allowance."""
     import threading
     import time
 

@@ -1,0 +1,97 @@
+"""The hang watchdog in a checkpoint save (session 27).
+
+A synchronous save ran outside any watch: a rank whose write never returned (a dead file system)
+held the others in the save's collective until the process group's timeout (65 minutes with the
+defaults), then NCCL's abort (SIGABRT, exit 134, not requeued) ended the job naming nobody.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from reliability_helpers import finish_ranks, start_ranks
+from test_watchdog import dogs, through_step_1, watch
+
+from gptrain.errors import EXIT_HUNG
+from gptrain.train import watchdog
+from gptrain.train.saving import save_allowance_s
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+HOOKS = str(Path(__file__).with_name("rank_hooks.py"))
+GB = 10**9
+
+
+def test_a_save_gets_five_timeouts_or_its_bytes_at_a_slow_file_systems_speed():
+    assert save_allowance_s(10, 16 * GB) == 50 * 60  # the default timeout's 5: more than 16 GB needs
+    assert save_allowance_s(1, 16 * GB) == 16 * GB / 25e6 == 640  # a 1.3B model's whole state
+    assert save_allowance_s(1, 22 * GB) == 880  # a rank's share of 175B under TP8 x PP16
+    assert save_allowance_s(0.05, 1000) == 15  # the tests' 3 s timeout
+
+
+@pytest.mark.parametrize("hang_minutes", [0.05, 1, 10, 30, 120])
+def test_a_save_is_ended_by_the_watchdog_before_the_process_groups_timeout(hang_minutes):
+    """Past the group's timeout NCCL's abort (exit 134, not requeued) would end the save first."""
+    allowance = save_allowance_s(hang_minutes, 10**15)  # a petabyte: the cap
+    watchdog_s = (
+        allowance + watchdog.DIAGNOSIS_WAIT_SECONDS + watchdog.GRACE_SECONDS + watchdog.SYNC_MAX_SECONDS
+    )
+    assert watchdog_s < 60 * watchdog.collective_timeout_minutes(hang_minutes)
+    assert allowance >= watchdog.FIRST_STEP_FACTOR * 60 * hang_minutes
+
+
+def test_a_rank_still_busy_where_the_others_wait_in_the_same_section_is_named_with_what_it_does():
+    """Every rank inside the same section read "all N ranks are inside ...", naming nobody."""
+    (zero, one), exits, _ = dogs(2, 0.2)
+    through_step_1(zero, one)
+    threads = [watch(zero), watch(one)]
+    with zero.saving(1, 0.3), one.saving(1, 0.3), one.doing("writing its checkpoint files"):
+        for thread in threads:
+            thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] * 2 and zero.fired == one.fired
+    assert zero.fired.startswith(f"hang: stuck rank 1 on host {socket.gethostname()} (pid "), zero.fired
+    assert "last seen inside the checkpoint save of iteration 1, writing its checkpoint files (" in zero.fired
+    assert zero.fired.endswith(
+        "still at it after 0 s (the save's allowance), which rank(s) 0 finished, waiting in the checkpoint"
+        " save of iteration 1"
+    ), zero.fired
+    (zero, one), exits, _ = dogs(2, 0.2)  # both busy: nobody to single out
+    through_step_1(zero, one)
+    threads = [watch(zero), watch(one)]
+    with (
+        zero.step(2),
+        one.step(2),
+        zero.doing("loading its micro-batches"),
+        one.doing("loading its micro-batches"),
+    ):
+        for thread in threads:
+            thread.join(timeout=15)
+    assert "hang: all 2 ranks are inside iteration 2" in zero.fired, zero.fired
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_whose_checkpoint_write_never_returns_ends_the_job_naming_it(tmp_path):
+    """Rank 1's write of step 2's checkpoint never returns; rank 0 wrote its files and waits in the
+    save's collective. The save's allowance here is FIRST_STEP_FACTOR x 3 s (its state is tiny)."""
+    hooked = [sys.executable, HOOKS, "stop-in-save", "1", "2"]
+    settings = [
+        "trainer.max_steps=100",
+        "trainer.hang_timeout_minutes=0.05",  # 3 s
+        "exp_manager.checkpoint_callback_params.async_save=false",
+    ]
+    started = time.monotonic()
+    processes = start_ranks(tmp_path / "run", settings, program=hooked)
+    outputs = finish_ranks(processes, timeout=120)
+    assert time.monotonic() - started < 100
+    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    host = socket.gethostname()
+    for _, err in outputs:
+        line = next(x for x in err.splitlines() if "hang: " in x)
+        assert line.startswith("gptrain: rank ") and f"hang: stuck rank 1 on host {host}" in line, line
+        assert f"(pid {processes[1].pid}), last seen inside the checkpoint save of iteration 2" in line, line
+        assert "writing its checkpoint files" in line and "which rank(s) 0 finished" in line, line
