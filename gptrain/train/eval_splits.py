@@ -86,6 +86,7 @@ def evaluate(
         s.dp_size,
         m.seed,
         watch,
+        partial(s.watchdog.doing, "loading its micro-batches"),
     )
     return evaluate_loss(setup, data, num_batches, stop_check).loss
 

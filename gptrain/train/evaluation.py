@@ -35,6 +35,9 @@ class EvalSetup:
     # watches each global batch (1-based) and, given None, the closing reduction: the run's hang
     # watchdog (Watchdog.evaluation), which names a rank stuck in it; none for `gptrain eval`
     watch: Callable[[int | None], AbstractContextManager[object]] | None = None
+    # notes, inside a watched batch, that this rank is drawing its micro-batches (Watchdog.doing): one
+    # whose loader hangs is named as loading while the others wait in the batch's forward
+    loading: Callable[[], AbstractContextManager[object]] | None = None
 
 
 def _watched(setup: EvalSetup, batch: int | None) -> AbstractContextManager[object]:
@@ -135,7 +138,8 @@ def _evaluate_parallel(
     for _ in range(num_batches):
         with _watched(setup, batches + 1):
             _stop_if_asked(stop_check)
-            microbatches = [mb for _, mb in zip(range(setup.num_microbatches), loader, strict=False)]
+            with setup.loading() if setup.loading is not None else contextlib.nullcontext():
+                microbatches = [mb for _, mb in zip(range(setup.num_microbatches), loader, strict=False)]
             if len(microbatches) < setup.num_microbatches:
                 break
             batch_loss, batch_tokens = setup.step_opts.eval_fn(

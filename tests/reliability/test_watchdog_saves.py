@@ -1,4 +1,4 @@
-"""The hang watchdog in a checkpoint save (session 27).
+"""The hang watchdog in a checkpoint save and in a parallel evaluation's data loading (session 27).
 
 A synchronous save ran outside any watch: a rank whose write never returned (a dead file system)
 held the others in the save's collective until the process group's timeout (65 minutes with the
@@ -95,3 +95,28 @@ def test_a_rank_whose_checkpoint_write_never_returns_ends_the_job_naming_it(tmp_
         assert line.startswith("gptrain: rank ") and f"hang: stuck rank 1 on host {host}" in line, line
         assert f"(pid {processes[1].pid}), last seen inside the checkpoint save of iteration 2" in line, line
         assert "writing its checkpoint files" in line and "which rank(s) 0 finished" in line, line
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_whose_parallel_validation_loader_hangs_is_named_as_loading(tmp_path):
+    """Under TP the evaluation draws each global batch's micro-batches inside the batch's watch, then
+    runs them through the layout's forward (a collective): rank 1's loader never delivers (a hung data
+    mount) while rank 0 waits in that forward. Both were inside global batch 1, and the line said
+    "all 2 ranks are inside global batch 1 ...: a collective or a kernel is stuck", naming nobody."""
+    hooked = [sys.executable, HOOKS, "stop-in-validation", "1"]
+    settings = ["trainer.max_steps=100", "trainer.hang_timeout_minutes=0.05"]  # 3 s
+    validation = ["trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
+    layout = ["model.tensor_model_parallel_size=2"]
+    processes = start_ranks(tmp_path / "run", [*settings, *validation, *layout], program=hooked)
+    outputs = finish_ranks(processes, timeout=120)
+    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    host = socket.gethostname()
+    for _, err in outputs:
+        line = next(x for x in err.splitlines() if "hang: " in x)
+        assert (
+            f"hang: stuck rank 1 on host {host} (pid {processes[1].pid}), last seen inside global batch 1"
+            in line
+        )
+        assert "of the validation after iteration 3, loading its micro-batches" in line, line
+        assert "which rank(s) 0 finished, waiting in global batch 1 of the validation" in line, line
