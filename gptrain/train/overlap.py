@@ -62,15 +62,21 @@ class StepRunner:
             self._ahead = None
         else:
             samples = s.current_global_batch()
-            batch = next(self.batches)
+            batch = self._draw()
             if not self.runs_ahead:
                 return s.step_fn(batch), samples
             loss, tokens = self._forward_backward(batch)
         queued = queue_device_update(s.optimizer, loss, tokens, s.device, s.step_opts)
         if may_run_ahead and samples == s.cfg.model.global_batch_size:
-            self._ahead = self._forward_backward(next(self.batches)), samples
+            self._ahead = self._forward_backward(self._draw()), samples
         result = read_device_step(queued, s.optimizer, s.scaler, s.step_opts, next_step_queued=self.ahead)
         return result, samples
+
+    def _draw(self) -> list[Batch]:
+        """The next global batch; a rank whose loader hangs is named as loading, not as one of every
+        rank stuck in the step's collective (where the others wait for its gradients)."""
+        with self.s.watchdog.doing("loading its micro-batches"):
+            return next(self.batches)
 
     def _forward_backward(self, batch: list[Batch]) -> Queued:
         s = self.s

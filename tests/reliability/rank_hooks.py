@@ -12,6 +12,8 @@ python rank_hooks.py signal-in-save RANK ITERATION gptrain-args...   that rank g
                                                             saves the checkpoint of ITERATION
 python rank_hooks.py signal-in-test RANK gptrain-args...   that rank gets SIGUSR1 while its first
                                                             micro-batch of the test split is evaluated
+python rank_hooks.py stop-in-train-load RANK ITERATION gptrain-args...   that rank's training loader
+                                                            never gives the batch of ITERATION
 python rank_hooks.py stop-in-validation RANK gptrain-args...   that rank's validation loader never
                                                             gives its first micro-batch (a hung data mount)
 python rank_hooks.py signal-in-startup RANK gptrain-args...   that rank gets SIGTERM while it loads
@@ -153,6 +155,24 @@ def stop_in_validation(stopped_rank: int) -> None:
     evaluation.build_loader = never_delivering
 
 
+def stop_in_train_load(stopped_rank: int, iteration: int) -> None:
+    microbatches = step_loop.microbatches
+
+    def never_delivering(s, data):
+        for drawn, batch in enumerate(microbatches(s, data), start=s.state.step + 1):
+            if s.world.rank == stopped_rank and drawn == iteration:
+                print(
+                    f"rank {stopped_rank}: its batch of iteration {iteration} never comes",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                while True:
+                    time.sleep(3600)
+            yield batch
+
+    step_loop.microbatches = never_delivering
+
+
 def signal_in_startup(signalled_rank: int) -> None:
     resume = resuming.resume
 
@@ -292,12 +312,14 @@ HOOKS = {  # name: (install, how many integer arguments it takes)
     "signal-before-start": (signal_before_start, 1),
     "signal-in-startup": (signal_in_startup, 1),
     "stop-in-validation": (stop_in_validation, 1),
+    "stop-in-train-load": (stop_in_train_load, 2),
     "report-index-builds": (report_index_builds, 0),
     "none": (lambda: None, 0),
 }
 # Every function a hook replaces, put back after each run of `run_in_turn`.
 PATCHED = [
     (step_loop, "record"),
+    (step_loop, "microbatches"),
     (saving, "save_checkpoint"),
     (gpt_dataset, "build_gpt_indices"),
     (eval_splits, "evaluate_split"),

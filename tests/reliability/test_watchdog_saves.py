@@ -1,4 +1,4 @@
-"""The hang watchdog in a checkpoint save and in a parallel evaluation's data loading (session 27).
+"""The hang watchdog in a checkpoint save and in a rank's data loading (session 27).
 
 A synchronous save ran outside any watch: a rank whose write never returned (a dead file system)
 held the others in the save's collective until the process group's timeout (65 minutes with the
@@ -120,3 +120,24 @@ def test_a_rank_whose_parallel_validation_loader_hangs_is_named_as_loading(tmp_p
         )
         assert "of the validation after iteration 3, loading its micro-batches" in line, line
         assert "which rank(s) 0 finished, waiting in global batch 1 of the validation" in line, line
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_whose_training_loader_hangs_is_named_as_loading(tmp_path):
+    """A step draws its global batch inside the step's watch, then its gradients are all-reduced: rank
+    1's loader never delivers iteration 4's batch while rank 0 waits in that all-reduce."""
+    hooked = [sys.executable, HOOKS, "stop-in-train-load", "1", "4"]
+    settings = ["trainer.max_steps=100", "trainer.hang_timeout_minutes=0.05"]  # 3 s
+    processes = start_ranks(tmp_path / "run", settings, program=hooked)
+    outputs = finish_ranks(processes, timeout=120)
+    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    host = socket.gethostname()
+    for _, err in outputs:
+        line = next(x for x in err.splitlines() if "hang: " in x)
+        assert (
+            f"hang: stuck rank 1 on host {host} (pid {processes[1].pid}), last seen inside iteration 4"
+            in line
+        )
+        assert "inside iteration 4, loading its micro-batches (" in line, line
+        assert "which rank(s) 0 finished, waiting in iteration 4" in line, line
