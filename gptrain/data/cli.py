@@ -176,6 +176,7 @@ def sentencepiece_version_notice(kind: str) -> str | None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
+    from gptrain.data.gpt2_bpe import legacy_merges_note
     from gptrain.data.prepare import PrepareConfig, prepare
     from gptrain.data.tokenizer_fingerprint import renumbered_added_tokens_note
     from gptrain.data.tokenizer_loaders import class_setting_note
@@ -202,6 +203,9 @@ def _run_prepare(args: argparse.Namespace) -> int:
     if canonical_type(kind) == "huggingface" and (note := renumbered_added_tokens_note(spec.model)):
         print(note, file=sys.stderr)
     if canonical_type(kind) == "huggingface" and (note := class_setting_note(spec.model or "")):
+        print(note, file=sys.stderr)
+    files = spec.files() if canonical_type(kind) == "gpt2" and args.legacy_tokenizer else []
+    if len(files) == 2 and (note := legacy_merges_note(files[1])) is not None:
         print(note, file=sys.stderr)
     config = PrepareConfig(
         inputs=args.input,

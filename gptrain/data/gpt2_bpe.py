@@ -46,27 +46,68 @@ def _read_vocab(vocab_file: str) -> dict[str, int]:
     return vocab
 
 
-def _read_merges(merge_file: str) -> tuple[list[tuple[str, str]], list[int]]:
-    """The merges in priority order, and the line number of each (for error messages)."""
+def _merges_lines(merge_file: str) -> list[str]:
+    """The merges file's text split at each newline (its last element: the text after the last one)."""
     path = Path(merge_file)
     if (problem := missing_tokenizer_file(merge_file)) is not None:
         raise DataError(f"merge file {problem} (pass --merge-file path/to/merges.txt)")
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8").split("\n")
     except UnicodeDecodeError as error:
         raise DataError(
             f"{merge_file}: not UTF-8 text (offset {error.start}); expected GPT-2's merges.txt"
         ) from None
+
+
+def _legacy_skipped(lines: list[str]) -> list[int]:
+    """The line numbers of merges Megatron's legacy GPT-2 BPE (and transformers 4's slow GPT2Tokenizer)
+    never reads: it takes `read().split("\n")[1:-1]`, so line 1 even when it is no #version header,
+    and the text after the last newline (the last line of a file without a final newline)."""
+    first = [1] if lines[0].strip() and not lines[0].startswith("#version") else []
+    return first + ([len(lines)] if len(lines) > 1 and lines[-1].strip() else [])
+
+
+def _read_merges(merge_file: str, legacy: bool = False) -> tuple[list[tuple[str, str]], list[int]]:
+    """The merges in priority order, and the line number of each (for error messages); `legacy`: as
+    Megatron's legacy BPE reads them (_legacy_skipped; a line split at any whitespace)."""
+    lines = _merges_lines(merge_file)
+    skipped = _legacy_skipped(lines) if legacy else []
     merges, numbers = [], []
-    for number, line in enumerate(text.split("\n"), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line or (number == 1 and line.startswith("#version")):
             continue
-        parts = line.split(" ")
+        parts = line.split() if legacy else line.split(" ")
+        if legacy and not parts:
+            continue
         if len(parts) != 2:
             raise DataError(f"{merge_file}:{number}: expected two space-separated tokens, got {line!r}")
-        merges.append((parts[0], parts[1]))
-        numbers.append(number)
+        if number not in skipped:  # still checked: a vocab.json given as merges.txt is one line
+            merges.append((parts[0], parts[1]))
+            numbers.append(number)
     return merges, numbers
+
+
+def legacy_merges_note(merge_file: str) -> str | None:
+    """One line where --legacy-tokenizer leaves out a merge that the reading without it (and Hugging
+    Face's) takes; None elsewhere, and for a file the loader refuses (it names the file)."""
+    try:
+        lines = _merges_lines(merge_file)
+    except DataError:
+        return None
+    why = {len(lines): "the file does not end in a newline", 1: "the file has no #version header"}
+    left_out = [  # a line that is no merge is refused by the loader, which names it
+        f"merge {lines[n - 1]!r} (line {n}; {why[n]})"
+        for n in _legacy_skipped(lines)
+        if len(lines[n - 1].split()) == 2
+    ]
+    if not left_out:
+        return None
+    return (
+        f"note: {merge_file}: --legacy-tokenizer reads it as Megatron's legacy GPT-2 BPE does, which never "
+        f"reads the first line nor the text after the last newline, so it leaves out {' and '.join(left_out)}: "
+        "without --legacy-tokenizer (and in Hugging Face's GPT-2 tokenizer) "
+        f"{'they are merges' if len(left_out) > 1 else 'it is a merge'}, and the ids differ"
+    )
 
 
 def _check_merges(
@@ -143,7 +184,7 @@ def load_gpt2_bpe(vocab_file: str, merge_file: str, backend: str = "auto", legac
 def _load_gpt2_bpe(
     vocab_file: str, merge_file: str, backend: str, legacy: bool, *_stamps: object
 ) -> Tokenizer:
-    vocab, (merges, numbers) = _read_vocab(vocab_file), _read_merges(merge_file)
+    vocab, (merges, numbers) = _read_vocab(vocab_file), _read_merges(merge_file, legacy)
     _check_merges(merges, numbers, vocab, merge_file)
     if ENDOFTEXT not in vocab:
         raise DataError(f"{vocab_file}: has no {ENDOFTEXT} token (needed as end of document)")
@@ -181,7 +222,8 @@ def _hf_gpt2(vocab: dict[str, int], merges: list[tuple[str, str]], special: bool
     return tokenizer
 
 
-def gpt2_tokenizer_json(vocab_file: str, merge_file: str) -> str:
-    """GPT-2 BPE as a `tokenizers` tokenizer.json (what transformers' fast tokenizers load)."""
-    vocab, (merges, _) = _read_vocab(vocab_file), _read_merges(merge_file)
+def gpt2_tokenizer_json(vocab_file: str, merge_file: str, legacy: bool = False) -> str:
+    """GPT-2 BPE as a `tokenizers` tokenizer.json (what transformers' fast tokenizers load); `legacy`:
+    with the merges --legacy-tokenizer reads (legacy_merges_note)."""
+    vocab, (merges, _) = _read_vocab(vocab_file), _read_merges(merge_file, legacy)
     return _hf_gpt2(vocab, merges).to_str()

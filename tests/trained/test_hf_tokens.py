@@ -314,6 +314,31 @@ def test_a_legacy_gpt2_runs_exported_tokenizer_keeps_a_literal_endoftext_as_text
         assert theirs.eos_token_id == 50256
 
 
+def test_a_legacy_gpt2_run_on_a_merges_file_without_header_exports_the_runs_merges(tmp_path) -> None:
+    """--legacy-tokenizer leaves out line 1 of a merges.txt without #version header, as Megatron's
+    legacy BPE does; the exported tokenizer.json kept it, so AutoTokenizer merged " t" where the run
+    did not. It now holds the merges the run read."""
+    from hf_helpers import gpt2_files
+    from transformers import AutoTokenizer
+
+    from gptrain.config import load_training_config
+    from gptrain.train.tokenizer_setup import build_tokenizer
+    from gptrain.trained.hf.tokenizer_files import export_tokenizer
+
+    vocab, merges = gpt2_files()
+    headerless = tmp_path / "merges.txt"
+    headerless.write_text(Path(merges).read_text(encoding="utf-8").split("\n", 1)[1], encoding="utf-8")
+    tok = [f"model.tokenizer.vocab_file={vocab}", f"model.tokenizer.merge_file={headerless}"]
+    cfg = load_training_config("gpt3/126m", [*tok, "model.tokenizer.legacy=true"], report_ignored=False)
+    (tmp_path / "out").mkdir()
+    export_tokenizer(cfg, tmp_path / "out", 2048)
+    text = "It was the best of times"
+    run_ids = build_tokenizer(cfg).encode(text)
+    assert run_ids == [1026, 373, 220, 1169, 1266, 286, 220, 22355]  # Megatron's legacy BPE's (review T F1)
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path / "out"), local_files_only=True)
+    assert list(theirs.encode(text)) == run_ids
+
+
 def test_tiktoken_run_is_refused_before_writing_or_exported_without_tokenizer(
     tmp_path, monkeypatch, capsys
 ) -> None:

@@ -78,10 +78,10 @@ def _gpt2_files(output: Path, context: int, source: Path | None, legacy: bool = 
     chat templates of `source` (the run's tokenizer directory) copied; the names written. `legacy`
     (Megatron's --legacy-tokenizer): the run kept a literal <|endoftext|> in text as text, so
     split_special_tokens tells AutoTokenizer to (its fast classes read it since mid-2024), where it
-    gave 50256."""
+    gave 50256, and tokenizer.json holds the merges that run read (legacy_merges_note)."""
     # tokenizer.json too: transformers' AutoTokenizer then needs no slow-to-fast conversion
     vocab_file, merge_file = str(output / "vocab.json"), str(output / "merges.txt")
-    (output / "tokenizer.json").write_text(gpt2_tokenizer_json(vocab_file, merge_file))
+    (output / "tokenizer.json").write_text(gpt2_tokenizer_json(vocab_file, merge_file, legacy))
     config = {
         "tokenizer_class": "GPT2Tokenizer",
         "bos_token": ENDOFTEXT,
