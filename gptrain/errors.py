@@ -38,6 +38,16 @@ def error_text(error: BaseException) -> str:
     return re.sub(r"^[\w.]+: ", "", last)
 
 
+def excerpt(text: str, quote: bool = True) -> str:
+    """`text` as an error line quotes a user's input (repr'd with `quote`): whole up to 80
+    characters, else its first 60 and its length, so that the line stays one short line (a vocab.json
+    given as merges.txt is one line of 1 MB; a document without spaces is one "word")."""
+    if len(text) <= 80:
+        return repr(text) if quote else text
+    start = text[:60]
+    return f"{repr(start) if quote else start}… ({len(text):,} characters)"
+
+
 class GptrainError(Exception):
     """Base class: the message names the file, line or key and what to do."""
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from gptrain.data.tokenizer_paths import file_stamp, missing_tokenizer_file
 from gptrain.data.tokenizer_wrappers import HFTokenizer, TiktokenTokenizer, Tokenizer
-from gptrain.errors import DataError
+from gptrain.errors import DataError, excerpt
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -67,6 +67,15 @@ def _legacy_skipped(lines: list[str]) -> list[int]:
     return first + ([len(lines)] if len(lines) > 1 and lines[-1].strip() else [])
 
 
+def _not_a_merge(merge_file: str, number: int, line: str) -> str:
+    json_vocab = line.lstrip().startswith("{")
+    return f"{merge_file}:{number}: expected two space-separated tokens, got {excerpt(line)}" + (
+        "; it looks like a JSON vocab file: --merge-file takes merges.txt (lines such as 'Ġ t')"
+        if json_vocab
+        else ""
+    )
+
+
 def _read_merges(merge_file: str, legacy: bool = False) -> tuple[list[tuple[str, str]], list[int]]:
     """The merges in priority order, and the line number of each (for error messages); `legacy`: as
     Megatron's legacy BPE reads them (_legacy_skipped; a line split at any whitespace)."""
@@ -80,7 +89,7 @@ def _read_merges(merge_file: str, legacy: bool = False) -> tuple[list[tuple[str,
         if legacy and not parts:
             continue
         if len(parts) != 2:
-            raise DataError(f"{merge_file}:{number}: expected two space-separated tokens, got {line!r}")
+            raise DataError(_not_a_merge(merge_file, number, line))
         if number not in skipped:  # still checked: a vocab.json given as merges.txt is one line
             merges.append((parts[0], parts[1]))
             numbers.append(number)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gptrain.data.tokenizer_wrappers import flat_ids
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, excerpt
 from gptrain.utils.tokenizer_types import NO_PAD, check_null_settings
 
 # What plain id text holds: ASCII digits and the ASCII whitespace both str.split and numpy skip.
@@ -59,7 +59,7 @@ class NullTokenizer:
                 token_id = int(word)
             except ValueError:
                 raise IdsRefused(
-                    f"{word!r} is not a token id: NullTokenizer reads text as token ids separated by spaces "
+                    f"{excerpt(word)} is not a token id: NullTokenizer reads text as token ids separated by spaces "
                     f"(e.g. '17 4 2051'), each from 0 to {self.vocab_size - 1}"
                 ) from None
             if not 0 <= token_id < self.vocab_size:

@@ -9,7 +9,7 @@ import numpy as np
 
 from gptrain.data.jsonl import Chunk
 from gptrain.data.prepare_tokens import WorkerState
-from gptrain.errors import GptrainError
+from gptrain.errors import GptrainError, excerpt
 
 
 def _json_type(value: object) -> str:
@@ -199,7 +199,7 @@ def _id_array_problem(line: bytes, state: WorkerState) -> str | None:
             continue  # not an array of ids: a string, or sentences (as any tokenizer reads them)
         for position, item in enumerate(value):
             if type(item) is not int:
-                shown = json.dumps(item, ensure_ascii=False)
+                shown = excerpt(json.dumps(item, ensure_ascii=False), quote=False)
                 return f"item {position} (from 0) of the array of {key!r} is {shown}, not a whole number"
         if (problem := _ids_problem(state, [_ids_as_text(value)], (key,))) is not None:
             return problem
