@@ -132,14 +132,35 @@ absent, which load_huggingface applies, so a tokenizer.json that disagrees is no
 and PreTrainedTokenizerFast's, which has no slow class (AutoTokenizer loads it fast)."""
 
 BYTE_LEVEL_CLASSES = ("GPT2Tokenizer", "GPTNeoXTokenizer")
-"""tokenizer_config.json's tokenizer_class (with or without Fast) for which transformers 4 and 5 set
-the ByteLevel pre-tokenizer's add_prefix_space to that file's add_prefix_space, false when absent,
+"""Tokenizer classes (_class_name: tokenizer_config.json's, else config.json's) for which transformers 4
+and 5 set the ByteLevel pre-tokenizer's add_prefix_space to tokenizer_config.json's, false when absent,
 whatever tokenizer.json says (PreTrainedTokenizerFast keeps tokenizer.json's: checked on 5.24)."""
 
 
-def _class_name(config: dict[str, Any]) -> str:
-    """tokenizer_config.json's tokenizer_class without its Fast ("" when it names none)."""
+MODEL_TYPE_CLASSES = {
+    "gpt2": "GPT2Tokenizer",
+    "gpt_neo": "GPT2Tokenizer",
+    "gptj": "GPT2Tokenizer",
+    "gpt_neox": "GPTNeoXTokenizer",
+}
+"""config.json model types whose tokenizer class has rules here (BYTE_LEVEL_CLASSES), as
+transformers' TOKENIZER_MAPPING names them (the same in 4.x and 5.24)."""
+
+
+def _class_name(config: dict[str, Any], directory: Path) -> str:
+    """The class AutoTokenizer (transformers 4 and 5) builds for the tokenizer in `directory`,
+    without its Fast: tokenizer_config.json's (`config`) tokenizer_class; where it names none,
+    config.json's tokenizer_class, else its model_type's class (MODEL_TYPE_CLASSES; "" for others).
+    A config.json that does not read as a JSON object names none."""
     name = config.get("tokenizer_class")
+    if not isinstance(name, str) or not name:
+        try:
+            model = _json_object(directory / "config.json")
+        except DataError:
+            model = {}
+        name, model_type = model.get("tokenizer_class"), model.get("model_type")
+        if (not isinstance(name, str) or not name) and isinstance(model_type, str):
+            name = MODEL_TYPE_CLASSES.get(model_type)
     return name.removesuffix("Fast") if isinstance(name, str) else ""
 
 
@@ -151,7 +172,7 @@ def _apply_class_settings(tokenizer: Any, directory: Path) -> None:
     from tokenizers import pre_tokenizers, processors
 
     config = _json_object(directory / "tokenizer_config.json")
-    name = _class_name(config)
+    name = _class_name(config, directory)
     if name in BYTE_LEVEL_CLASSES and isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel):
         tokenizer.pre_tokenizer.add_prefix_space = config.get("add_prefix_space") is True
     if name == "GPTNeoXTokenizer":
@@ -169,7 +190,7 @@ def class_setting_note(model: str) -> str | None:
         config = _json_object(file)
     except DataError:
         return None  # load_huggingface names it
-    name = _class_name(config)
+    name = _class_name(config, file.parent)
     keys = [k for k in ("add_bos_token", "add_eos_token") if config.get(k) is True]
     if name == "GPTNeoXTokenizer" and keys:
         return (

@@ -134,3 +134,42 @@ def test_data_prepare_writes_transformers_ids_and_prints_the_note(tmp_path, caps
     assert "add_bos_token true with tokenizer_class GPTNeoXTokenizer" in capsys.readouterr().err
     written = IndexedDataset(str(prefix) + "_text_document")[0].tolist()
     assert written == transformers.AutoTokenizer.from_pretrained(directory)("it's a test").input_ids
+
+
+@pytest.mark.parametrize(
+    ("model_config", "tokenizer_config"),
+    [
+        pytest.param({"model_type": "gpt2"}, {}, id="gpt2"),
+        pytest.param({"model_type": "gpt_neo"}, {}, id="gpt_neo"),
+        pytest.param({"model_type": "gptj"}, {}, id="gptj"),
+        pytest.param({"model_type": "gpt_neox"}, {}, id="gpt_neox"),
+        pytest.param(
+            {"model_type": "gpt2", "tokenizer_class": "GPTNeoXTokenizerFast"}, {}, id="config-class"
+        ),
+        pytest.param(
+            {"model_type": "llama", "tokenizer_class": "GPT2TokenizerFast"}, {}, id="llama-gpt2-class"
+        ),
+        # control: tokenizer_config.json's class comes first (the tokenizer.json as it is)
+        pytest.param(
+            {"model_type": "gpt2"},
+            {"tokenizer_class": "PreTrainedTokenizerFast"},
+            id="tokenizer-config-first",
+        ),
+    ],
+)
+def test_a_class_named_only_in_config_json_is_the_class_autotokenizer_builds(
+    tmp_path, model_config, tokenizer_config
+):
+    """The Hub's gpt2 layout: tokenizer_config.json names no class, config.json its model_type.
+    AutoTokenizer then builds config.json's tokenizer_class, else its model type's tokenizer class,
+    with that class's rules (add_prefix_space false when absent, NeoX's bos dropped); gptrain read
+    the class from tokenizer_config.json alone, and the first id of every document differed."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    directory = _byte_level_dir(tmp_path / "tok", True, tokenizer_config, bos_template=True)
+    (tmp_path / "tok" / "config.json").write_text(json.dumps(model_config))
+    reference = transformers.AutoTokenizer.from_pretrained(directory)
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", model=directory)
+    for text in ("it's a test", "hello world", " it's"):
+        assert tokenizer.encode(text) == reference(text).input_ids, text
