@@ -4,7 +4,8 @@ The type alone let data tokenized with one GPT-2 vocab.json (or tokenizer.json, 
 model) train under another of the same type: every id then meant another token. The fingerprint is
 of what the ids mean, not of the files' bytes: the id -> token table (tokenizer_identity's, each
 token spelled as GPT-2's byte-level string, so that GPT-2's vocab.json + merges.txt and its
-tokenizer.json agree), the ids of a fixed text (merges, pre-tokenizer, normalizer), the
+tokenizer.json agree), the ids of two fixed texts (merges, pre-tokenizer, normalizer; the second,
+`encodes_compat`, of characters only NFKC changes, compared where both records have it), the
 end-of-document id and the size. A copy, a reformatted JSON file or the same vocabulary in another
 format is the same; other merges of the same tokens are not. `files` only names them in messages.
 
@@ -38,6 +39,13 @@ def probe_text() -> str:
     return PROBE.replace("<|endoftext|>", "")
 
 
+def compat_probe_text() -> str:
+    """tokenizer_identity's COMPAT_PROBE: characters only a compatibility normalizer (NFKC) changes."""
+    from gptrain.data.tokenizer_identity import COMPAT_PROBE
+
+    return COMPAT_PROBE
+
+
 def fingerprint(tokenizer: Any, files: list[str]) -> tuple[dict[str, Any], list[str | None]]:
     """(the fingerprint of a loaded `tokenizer` read from `files`, its token table)."""
     from gptrain.data.tokenizer_identity import eod_id, splits_special_tokens, token_table
@@ -48,14 +56,15 @@ def fingerprint(tokenizer: Any, files: list[str]) -> tuple[dict[str, Any], list[
         "files": [_absolute(file) for file in files],
         "size": len(table),
         "tokens": digest(table),
-        "encodes": _encodes(tokenizer),
+        "encodes": _encodes(tokenizer, probe_text()),
+        "encodes_compat": _encodes(tokenizer, compat_probe_text()),
         "eod": eod_id(tokenizer),
         **({} if split is None else {"split_special_tokens": split}),
     }, table
 
 
-def _encodes(tokenizer: Any) -> str | None:
-    """The digest of the probe's ids; None where the tokenizer cannot encode it (a word-level
+def _encodes(tokenizer: Any, probe: str) -> str | None:
+    """The digest of the `probe`'s ids; None where the tokenizer cannot encode it (a word-level
     vocabulary without an unknown token) or samples its encoding (BPE dropout): then not compared.
     Dropout is read from the model, not found by encoding twice: a small one mostly encodes the
     probe alike, so records of one tokenizer.json differed by chance."""
@@ -64,7 +73,7 @@ def _encodes(tokenizer: Any) -> str | None:
     if samples_encoding(tokenizer):
         return None
     try:
-        ids, again = (tokenizer.encode(probe_text()) for _ in range(2))
+        ids, again = (tokenizer.encode(probe) for _ in range(2))
     except Exception:  # whatever a tokenizer library raises on text it has no tokens for
         return None
     return digest([int(i) for i in ids]) if list(ids) == list(again) else None
@@ -120,8 +129,8 @@ def difference(
             f"tokenizer_config.json's split_special_tokens {str(split[1]).lower()}, not "
             f"{str(split[0]).lower()} (a literal special token's text is encoded otherwise): {consequences.encodes}"
         )
-    encodes = (recorded.get("encodes"), live.get("encodes"))
-    if same_tokens and None not in encodes and encodes[0] != encodes[1]:
+    encodes = [(recorded.get(key), live.get(key)) for key in ("encodes", "encodes_compat")]
+    if same_tokens and any(None not in pair and pair[0] != pair[1] for pair in encodes):
         return (
             "the same tokens, but text is encoded otherwise (other merges, pre-tokenizer or normalizer): "
             f"{consequences.encodes}"

@@ -14,6 +14,9 @@ without complaint, and every id then means something else. The record holds:
                  tokenizer
   encodes        sha256 of the ids of a fixed text: merges, pre-tokenizer and normalizer (None where
                  they differ from call to call, BPE dropout: then not compared)
+  encodes_compat the same of a second text (COMPAT_PROBE), of characters only a compatibility
+                 normalizer (NFKC, NFKD) changes; compared where both records have it (written from
+                 2026-11-30 on), so a record written before compares as it did
   pad            NullTokenizer's padding id (-1: none), whose labels leave the loss: another one
                  loads, said in one line
   split_special_tokens
@@ -47,6 +50,13 @@ PROBE = (
 )
 """Text whose ids show how a tokenizer encodes: mixed case, digits, accents, CJK, emoji, runs of
 whitespace, code and the end-of-text token."""
+
+COMPAT_PROBE = "ﬁ ²³ Ａｂｃ ①② ㎏ ½ ℌ ｶﾞ ǆ ™ Ⅻ … ſ\u00a0ﬂ"
+"""Characters NFKC and NFKD change and NFC leaves alone (a ligature, superscripts, fullwidth and
+halfwidth forms, circled digits, a squared unit, a fraction, letterlike and roman-numeral symbols,
+an ellipsis, a long s, a no-break space): PROBE has none, so a compatibility normalizer added or
+removed left its ids the same. A probe of its own, recorded under a key of its own, so that records
+written before it still compare."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,7 @@ def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
         "eod": eod_id(tokenizer),
         "tokens": _digest(table),
         "encodes": _encodes(tokenizer),
+        "encodes_compat": _encodes(tokenizer, COMPAT_PROBE),
         **({"pad": tokenizer.pad} if _has_pad(tokenizer, kind) else {}),
         **({} if split is None else {"split_special_tokens": split}),
     }
@@ -172,8 +183,8 @@ def _unsplit_encodes(tokenizer: Any) -> str | None:
         tokenizer.tokenizer.encode_special_tokens = True
 
 
-def _encodes(tokenizer: Any) -> str | None:
-    """The digest of the probe's ids; None where the model samples them (BPE dropout) or they
+def _encodes(tokenizer: Any, probe: str = PROBE) -> str | None:
+    """The digest of the `probe`'s ids; None where the model samples them (BPE dropout) or they
     differ from one call to the next: such a tokenizer's encoding is not compared, or its own run
     would be refused it.
     NullTokenizer's text is ids (its encoding is always the same): the digest of no ids."""
@@ -181,7 +192,7 @@ def _encodes(tokenizer: Any) -> str | None:
         return _digest([])
     if samples_encoding(tokenizer):
         return None
-    ids, again = ([int(i) for i in tokenizer.encode(PROBE)] for _ in range(2))
+    ids, again = ([int(i) for i in tokenizer.encode(probe)] for _ in range(2))
     return _digest(ids) if ids == again else None
 
 
@@ -204,7 +215,10 @@ def eod_id(tokenizer: Any) -> int | None:
 def compare(saved: dict[str, Any], live: dict[str, Any], live_table: list[str | None]) -> Verdict:
     """`live` (with its token table, for the extension check) against the `saved` record."""
     same_tokens, same_eod = saved.get("tokens") == live["tokens"], saved.get("eod") == live["eod"]
-    encodes = (saved.get("encodes"), live["encodes"])
+    same_encoding = all(
+        None in pair or pair[0] == pair[1]
+        for pair in ((saved.get(key), live.get(key)) for key in ("encodes", "encodes_compat"))
+    )
     split = (saved.get("split_special_tokens"), live.get("split_special_tokens"))
     if same_tokens and same_eod and None not in split and split[0] != split[1]:
         return Verdict(
@@ -213,7 +227,7 @@ def compare(saved: dict[str, Any], live: dict[str, Any], live_table: list[str | 
             f"{str(split[0]).lower()}: a literal special token's text is encoded otherwise",
             "encoding",
         )
-    if same_tokens and same_eod and (None in encodes or encodes[0] == encodes[1]):
+    if same_tokens and same_eod and same_encoding:
         return Verdict("same")
     size, extends = saved.get("vocab_size"), not same_tokens and _extends(saved, live_table)
     if (same_tokens or extends) and not same_eod:  # the ids keep their tokens: the eod is what differs
