@@ -110,19 +110,25 @@ def difference(
     live: dict[str, Any],
     live_table: list[str | None] | None,
     consequences: Consequences = FOR_A_RUN,
+    read_as: tuple[str, str] | None = None,
 ) -> str | None:
     """What differs between the data's fingerprint and a run's, or another dataset's (None where its
     ids mean the same tokens: the same vocabulary, or one extending it, ending documents alike).
     `live` may lack `encodes` and `eod` (the preflight's, from the files alone), and `encodes` may be
     None (BPE dropout): those are then not compared; `split_special_tokens` (HuggingFaceTokenizer's
-    tokenizer_config.json key; the probe holds no special token's text) where both have it."""
+    tokenizer_config.json key; the probe holds no special token's text) where both have it.
+    `read_as`: (the data's type, the run's) where both read the same files (same_files_other_types)."""
     same_tokens = recorded.get("tokens") == live.get("tokens")
+    types = (
+        f"the same files, read as {read_as[0]} by the data and as {read_as[1]} by the run" if read_as else ""
+    )
+    aside = f" ({types})" if types else ""
     if not same_tokens and not _extends(recorded, live_table):
         if recorded.get("size") != live.get("size"):
-            return f"{live.get('size')} tokens, not {recorded.get('size')}: {consequences.tokens}"
-        return f"the same size, other tokens at the same ids: {consequences.tokens}"
+            return f"{live.get('size')} tokens, not {recorded.get('size')}{aside}: {consequences.tokens}"
+        return f"the same size, other tokens at the same ids{aside}: {consequences.tokens}"
     if "eod" in live and recorded.get("eod") != live["eod"]:
-        return f"end-of-document id {live['eod']}, not {recorded.get('eod')}: {consequences.eod}"
+        return f"end-of-document id {live['eod']}, not {recorded.get('eod')}{aside}: {consequences.eod}"
     split = (recorded.get("split_special_tokens"), live.get("split_special_tokens"))
     if None not in split and split[0] != split[1]:
         return (
@@ -132,10 +138,24 @@ def difference(
     encodes = [(recorded.get(key), live.get(key)) for key in ("encodes", "encodes_compat")]
     if same_tokens and any(None not in pair and pair[0] != pair[1] for pair in encodes):
         return (
-            "the same tokens, but text is encoded otherwise (other merges, pre-tokenizer or normalizer): "
-            f"{consequences.encodes}"
+            "the same tokens, but text is encoded otherwise (other merges, pre-tokenizer or normalizer, or a bos "
+            f"put first{'; ' + types if types else ''}): {consequences.encodes}"
         )
     return None
+
+
+def same_files_other_types(record: dict[str, Any], live: dict[str, Any]) -> tuple[str, str] | None:
+    """(the data's type, the run's) where the run reads the files the data was prepared from as
+    another of Megatron's types (Llama2Tokenizer, which puts the model's bos first, against
+    GPTSentencePieceTokenizer on one tokenizer.model); None otherwise."""
+    from gptrain.utils.tokenizer_types import megatron_tokenizer_type
+
+    recorded = record.get("vocabulary")
+    files = recorded.get("files") if isinstance(recorded, dict) else None
+    types = [megatron_tokenizer_type(kind) or str(kind) for kind in (record.get("type"), live.get("type"))]
+    if not files or files != live.get("files") or types[0] == types[1]:
+        return None
+    return types[0], types[1]
 
 
 def _extends(recorded: dict[str, Any], live_table: list[str | None] | None) -> bool:
@@ -179,7 +199,8 @@ def vocabulary_conflict(
             continue
         if (current := live_once()) is None:
             return None
-        why = difference(recorded, *current)
+        read_as = same_files_other_types(record, current[0])
+        why = difference(recorded, *current, read_as=read_as)
         if why is None:
             continue
         lead = f"{where}: " if where else ""
@@ -187,9 +208,12 @@ def vocabulary_conflict(
             f"{lead}{prefix} was tokenized with {describe(record.get('type'), recorded)} "
             f"({record_path(prefix)}), {run} is {describe(current[0].get('type'), current[0])}: {why}"
         )
+        point = f"point {keys} at the files the data was tokenized with"
+        if read_as is not None:
+            point = f"set {run}.type={read_as[0]}, as the data was tokenized"
         advice = (
-            f"re-tokenize the data with {run}'s files (gptrain data prepare), or point {keys} at the files "
-            f"the data was tokenized with, or {allow} to go on with this one"
+            f"re-tokenize the data with {run}'s files (gptrain data prepare), or {point}, or {allow} to go on "
+            "with this one"
         )
         return text, advice
     return None

@@ -461,7 +461,8 @@ def test_data_merge_says_what_differs_between_its_inputs(tmp_path: Path, gpt2_fi
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"gptrain: error: --input {lowered} was tokenized with HuggingFaceTokenizer {tmp_path}/lowered/tokenizer.json, "
         f"{a} with HuggingFaceTokenizer {tmp_path}/a/tokenizer.json (their .tokenizer records): the same tokens, "
-        "but text is encoded otherwise (other merges, pre-tokenizer or normalizer): the merged data would hold "
+        "but text is encoded otherwise (other merges, pre-tokenizer or normalizer, or a bos put first): the merged "
+        "data would hold "
         "text encoded two ways; re-tokenize one with the other's tokenizer files (gptrain data prepare), then merge"
     )
     (tmp_path / "ended").mkdir()
