@@ -16,6 +16,7 @@ from gptrain.megatron.flags import (
     SWITCH,
     VALUE,
 )
+from gptrain.megatron.unimplemented_flags import NOT_IMPLEMENTED, RENAMED
 
 if TYPE_CHECKING:
     from gptrain.megatron.translation import Translation
@@ -60,10 +61,19 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
         if note not in result.notes:  # a flag repeated (scripts that join arrays) is listed once
             result.notes.append(note)
     else:
-        raise ConfigError(  # not "remove it": what an unknown flag changes, gptrain cannot say
-            f"{flag}: gptrain does not know this flag{_flag_meant(flag)}; check what it changes in Megatron "
-            "before removing it (docs/migrating.md lists the flags gptrain takes)"
-        )
+        refuse_unknown(flag)
+
+
+def refuse_unknown(flag: str) -> None:
+    """A flag of none of the tables: Megatron's deprecated name, a Megatron flag gptrain does not
+    implement, or a name no Megatron knows (a typo: the near gptrain flag named)."""
+    if flag in RENAMED:  # Megatron's validate_args stops on it too, naming the successor
+        raise ConfigError(f"{flag}: no longer a Megatron flag (Megatron refuses it too); use {RENAMED[flag]}")
+    # not "remove it": what an unknown flag changes, gptrain cannot say
+    check = "check what it changes in Megatron before removing it (docs/migrating.md lists the flags gptrain takes)"
+    if flag in NOT_IMPLEMENTED:  # no hint: the nearest gptrain flag is another flag, not this one misspelt
+        raise ConfigError(f"{flag}: a Megatron flag gptrain does not implement; {check}")
+    raise ConfigError(f"{flag}: gptrain does not know this flag{_flag_meant(flag)}; {check}")
 
 
 def _is_accepted(flag: str, text: str, accepted: tuple[Any, ...]) -> bool:
@@ -76,8 +86,12 @@ def _is_accepted(flag: str, text: str, accepted: tuple[Any, ...]) -> bool:
 def _flag_meant(flag: str) -> str:
     """` (did you mean --wandb-exp-name?)` for a near known flag; only close ones: a far one misleads."""
     known = [*VALUE, *SWITCH, *NO_EFFECT, *REFUSED, *SPECIAL]
-    meant = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
-    return f" (did you mean {meant[0]}?)" if meant else ""
+    # Megatron's other flags compete: a typo of one of them is not hinted to a different gptrain flag
+    meant = difflib.get_close_matches(flag, [*known, *NOT_IMPLEMENTED], n=1, cutoff=0.8)
+    if not meant:
+        return ""
+    either = ", a Megatron flag gptrain does not implement either" if meant[0] in NOT_IMPLEMENTED else ""
+    return f" (did you mean {meant[0]}{either}?)"
 
 
 def _expect(flag: str, values: list[str], count: int | None) -> None:
