@@ -24,6 +24,14 @@ def query_groups(result: Translation) -> None:
         )
 
 
+def rotary_switch(result: Translation) -> None:
+    """--use-rotary-position-embeddings (Megatron's name for rope before --position-embedding-type) makes
+    rope whatever the order: Megatron's validate_args sets it after parsing, so a later
+    --position-embedding-type learned_absolute (mid-2023 scripts carry both) does not undo it."""
+    if "--use-rotary-position-embeddings" in result.given:
+        result.values["model.position_embedding_type"] = "rope"
+
+
 def no_position_embedding(result: Translation) -> None:
     """--no-position-embedding drops the learned position table. Beside rope (which has none; Megatron's
     llama-style scripts give both) it changes nothing; without rope Megatron since July 2023 raises

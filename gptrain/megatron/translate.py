@@ -22,6 +22,7 @@ from gptrain.megatron.model_flags import (
     qkv_bias,
     query_groups,
     recompute_flags,
+    rotary_switch,
     swiglu_width,
 )
 from gptrain.megatron.numerics_flags import (
@@ -103,6 +104,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     no_pad_vocab(result)
     eod_mask_on_mock_data(result)
     query_groups(result)
+    rotary_switch(result)
     no_position_embedding(result)
     qkv_bias(result)
     swiglu_width(v, given)

@@ -1038,6 +1038,24 @@ def test_mixtral_example_is_refused_for_its_experts_and_its_rope_model_translate
     )
 
 
+@pytest.mark.parametrize(
+    "order",
+    [
+        "--use-rotary-position-embeddings --position-embedding-type learned_absolute",
+        "--position-embedding-type learned_absolute --use-rotary-position-embeddings",
+    ],
+)
+def test_use_rotary_position_embeddings_makes_rope_whatever_the_order(order):
+    """Review M2: the legacy switch then a later --position-embedding-type learned_absolute trained
+    learned positions; Megatron's validate_args sets rope after parsing, so rope wins in either order
+    (and --no-position-embedding beside them is rope's, not refused)."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags = f"{base} --train-iters 4 --mock-data --vocab-size 64 {order} --no-position-embedding"
+    t = translate(shlex.split(flags), {})
+    m = load_training_config(None, t.overrides, report_ignored=False).model
+    assert t.values["model.position_embedding_type"] == m.position_embedding_type == "rope"
+
+
 def test_megatron_175b_example_translates_with_its_batch_ramp():
     t = translate(MEGATRON_175B, ENV)
     cfg = load_training_config(None, t.overrides, report_ignored=False)
