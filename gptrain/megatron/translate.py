@@ -79,7 +79,10 @@ def translate(argv: list[str], env: dict[str, str] | None = None) -> Translation
     missing = [flag for flag in REQUIRED if flag not in result.given]
     if missing:
         raise ConfigError(f"pretrain_gpt.py needs {', '.join(missing)} (Megatron has no default for them)")
-    finish(result, env)
+    try:
+        finish(result, env)
+    except ConfigError as error:  # a check of keys the flags set (the ramp's), said by the flags
+        raise ConfigError(result.in_flags(str(error))) from None
     return result
 
 

@@ -18,11 +18,14 @@ if TYPE_CHECKING:
 DECAY_STYLES = VALUE["--lr-decay-style"][1]  # Megatron's word -> gptrain's schedule name
 # the switches that make a resume take the checkpoint's schedule (model.optim.sched.from_checkpoint)
 CHECKPOINT_SCHEDULE_FLAGS = ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler")
-# keys that flags read together set (tokenizer_flags), named by their flag in a config check's message
-SET_BY_COMBINED = {
-    "model.tokenizer.vocab_size": "--vocab-size",
-    "model.tokenizer.null_eod_id": "--null-tokenizer-eod-id",
-    "model.tokenizer.null_pad_id": "--null-tokenizer-pad-id",
+# keys that flags read together set (translate.finish), named by their flags in a config check's message
+# where one of them was given; a list value (`key=[3, 4, 10]`) as the words given (`--flag 3 4 10`)
+SET_BY_COMBINED: dict[str, tuple[str, ...]] = {
+    "model.tokenizer.vocab_size": ("--vocab-size",),
+    "model.tokenizer.null_eod_id": ("--null-tokenizer-eod-id",),
+    "model.tokenizer.null_pad_id": ("--null-tokenizer-pad-id",),
+    "model.optim.betas": ("--adam-beta1", "--adam-beta2"),
+    "model.rampup_batch_size": ("--rampup-batch-size",),
 }
 
 
@@ -49,7 +52,13 @@ class Translation:
             for key in keys:
                 if key not in flags or flag in self.given:
                     flags[key] = flag
-        flags.update({key: flag for key, flag in SET_BY_COMBINED.items() if flag in self.given})
+        for key, combined in SET_BY_COMBINED.items():
+            if any(flag in self.given for flag in combined):
+                flags[key] = "/".join(combined)
+                if len(combined) == 1:
+                    words = f"{combined[0]} {' '.join(self.given[combined[0]])}"
+                    listed = rf"(?<![\w.]){re.escape(key)}=\[[^\]]*\]"
+                    message = re.sub(listed, lambda _, words=words: words, message)
         pattern = "|".join(re.escape(key) for key in sorted(flags, key=len, reverse=True))
         message = re.sub(rf"(?<![\w.])({pattern})(?!\w|\.\w)", lambda m: flags[m.group(1)], message)
         for flag in (name for name in self.given if name in SWITCH):
