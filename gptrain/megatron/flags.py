@@ -209,7 +209,7 @@ NO_EFFECT: dict[str, int | None] = {
     # Megatron's checkpoint format and how it is saved and loaded (gptrain's own, see NO_EFFECT_WHY)
     "--use-dist-ckpt": 0, "--dist-ckpt-format": 1, "--auto-detect-ckpt-format": 0,
     "--ckpt-fully-parallel-save": 0, "--no-ckpt-fully-parallel-save": 0, "--ckpt-fully-parallel-load": 0,
-    "--ckpt-assume-constant-structure": 0,
+    "--ckpt-assume-constant-structure": 0, "--dist-ckpt-strictness": 1, "--use-persistent-ckpt-worker": 0,
     # logs only
     "--log-world-size-to-tensorboard": 0, "--timing-log-option": 1, "--log-progress": 0, "--log-straggler": 0,
     "--disable-straggler-on-startup": 0, "--straggler-ctrlr-port": 1, "--straggler-minmax-count": 1,
@@ -292,6 +292,8 @@ NO_EFFECT_WHY: dict[str, str] = {
             "--no-ckpt-fully-parallel-save",
             "--ckpt-fully-parallel-load",
             "--ckpt-assume-constant-structure",
+            "--dist-ckpt-strictness",  # how strictly a Megatron checkpoint's keys are matched on load
+            "--use-persistent-ckpt-worker",  # one process for all async saves, not one per save
         ),
         "gptrain always writes and reads its own sharded checkpoints (torch.distributed.checkpoint), each rank "
         "its shards in parallel; it does not read Megatron's",

@@ -574,6 +574,9 @@ CHECKPOINT_FORMAT = (
         ("--no-ckpt-fully-parallel-save", "", CHECKPOINT_FORMAT),
         ("--ckpt-fully-parallel-load", "", CHECKPOINT_FORMAT),
         ("--ckpt-assume-constant-structure", "", CHECKPOINT_FORMAT),
+        # review M4: in most of Megatron's functional-test configs, refused as unknown beside these
+        ("--dist-ckpt-strictness", " log_all", CHECKPOINT_FORMAT),
+        ("--use-persistent-ckpt-worker", "", CHECKPOINT_FORMAT),
         ("--log-world-size-to-tensorboard", "", None),
         ("--timing-log-option", " minmax", None),
         ("--log-progress", "", None),
