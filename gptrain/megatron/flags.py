@@ -14,7 +14,7 @@ with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-l
 `--data-parallel-sharding-strategy` with `--use-megatron-fsdp`, `--no-position-embedding` with the
 position embedding type, `--null-tokenizer-*-id` with NullTokenizer, `--add-qkv-bias` with
 `--disable-bias-linear`, `--no-pad-vocab-size` with the padding flags, `--weight-decay-incr-style` with
-`--start/end-weight-decay`) are handled in translate.py;
+`--start/end-weight-decay`, `--openai-gelu` with `--use-legacy-models`) are handled in translate.py;
 any `--moe-*` flag is refused as `--num-experts`.
 """
 
@@ -150,7 +150,6 @@ SWITCH: dict[str, dict[str, Any]] = {
         ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
         {"model.optim.sched.from_checkpoint": True},
     ),
-    "--openai-gelu": {"model.openai_gelu": True},
     # store_false: the fused bias-GELU, GELU's tanh approximation, is Megatron's default; off, the erf GELU
     "--no-bias-gelu-fusion": {"model.bias_activation_fusion": False},
     "--use-rotary-position-embeddings": {"model.position_embedding_type": "rope"},
@@ -439,5 +438,5 @@ SPECIAL: dict[str, int | None] = {
     "--no-position-embedding": 0, "--add-qkv-bias": 0, "--loss-scale": 1,
     "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1, "--no-pad-vocab-size": 0,
     "--disable-pad-vocab-size": 0, "--weight-decay-incr-style": 1, "--start-weight-decay": 1,
-    "--end-weight-decay": 1,
+    "--end-weight-decay": 1, "--openai-gelu": 0,
 }  # fmt: skip

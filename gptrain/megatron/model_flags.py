@@ -32,6 +32,22 @@ def rotary_switch(result: Translation) -> None:
         result.values["model.position_embedding_type"] = "rope"
 
 
+def openai_gelu(result: Translation) -> None:
+    """--openai-gelu is the tanh GELU of Megatron's legacy models only: its core models (the default since
+    May 2024, the only ones since May 2026) never read it, and run the fused bias-GELU's tanh with biases,
+    the erf GELU without the fusion (as config.normalize decides). Tanh with --use-legacy-models."""
+    if "--openai-gelu" not in result.given:
+        return
+    if "--use-legacy-models" in result.given:
+        result.values["model.openai_gelu"] = True
+        return
+    result.notes.append(
+        "--openai-gelu (Megatron's core models, its default since May 2024, do not read it: the fused "
+        "bias-GELU is GELU's tanh approximation, erf without the fusion; the legacy models' tanh GELU with "
+        "--use-legacy-models)"
+    )
+
+
 def no_position_embedding(result: Translation) -> None:
     """--no-position-embedding drops the learned position table. Beside rope (which has none; Megatron's
     llama-style scripts give both) it changes nothing; without rope Megatron since July 2023 raises

@@ -19,6 +19,7 @@ from gptrain.megatron.flag_parsing import apply_flag, convert_value, split_flags
 from gptrain.megatron.model_flags import (
     full_recompute_layers,
     no_position_embedding,
+    openai_gelu,
     qkv_bias,
     query_groups,
     recompute_flags,
@@ -108,6 +109,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     eod_mask_on_mock_data(result)
     query_groups(result)
     rotary_switch(result)
+    openai_gelu(result)
     no_position_embedding(result)
     qkv_bias(result)
     swiglu_width(v, given)

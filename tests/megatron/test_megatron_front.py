@@ -1621,19 +1621,26 @@ def test_fsdp_flags_gptrain_cannot_honour_are_one_line(flags, refusal, capsys):
     assert err.count("\n") == 0 and refusal in err, err
 
 
-def test_openai_gelu_is_the_tanh_gelu_of_the_model():
+def test_openai_gelu_is_the_tanh_gelu_of_megatrons_legacy_models_only():
+    """Review M4: Megatron's core models (its default since May 2024, its only ones since May 2026) never
+    read --openai-gelu: without the fused bias-GELU they run the erf GELU, where gptrain trained tanh.
+    The legacy models' tanh GELU comes with --use-legacy-models, and the flag alone is said in a note."""
     from gptrain.train.model_config import build_model_config
 
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    # the erf GELU without Megatron's default fused bias-GELU (tanh), so that --openai-gelu is what changes it
+    # the erf GELU without Megatron's default fused bias-GELU (tanh), so that --openai-gelu is what could change it
     for flags, expected in (
         (" --no-bias-gelu-fusion", False),
-        (" --no-bias-gelu-fusion --openai-gelu", True),
+        (" --no-bias-gelu-fusion --openai-gelu", False),
+        (" --no-bias-gelu-fusion --openai-gelu --use-legacy-models", True),
+        (" --use-legacy-models --disable-bias-linear --openai-gelu", True),
     ):
         t = translate(shlex.split(base + " --train-iters 4 --mock-data --vocab-size 64" + flags), {})
         cfg = load_training_config(None, t.overrides, report_ignored=False)
         assert cfg.model.openai_gelu is expected
         assert build_model_config(cfg, 64).openai_gelu is expected
+        noted = [note for note in t.notes if note.startswith("--openai-gelu (Megatron's core models")]
+        assert len(noted) == ("--openai-gelu" in flags and not expected)
 
 
 @pytest.mark.parametrize("samples", ["10.5", "x", "1e3"])
@@ -2563,7 +2570,8 @@ def assert_accepted_with_megatrons_arity_and_said(flag: str, values: str, why: s
         ("", True),  # Megatron's --no-bias-gelu-fusion is store_false: the fused tanh kernel by default
         ("--no-bias-gelu-fusion", False),
         ("--disable-bias-linear", False),  # validate_args turns the fusion off without biases
-        ("--no-bias-gelu-fusion --openai-gelu", True),
+        ("--no-bias-gelu-fusion --openai-gelu", False),  # core models do not read it (review M4)
+        ("--no-bias-gelu-fusion --openai-gelu --use-legacy-models", True),
     ],
 )
 def test_megatrons_default_gelu_is_its_fused_tanh_kernel(flags, tanh):
