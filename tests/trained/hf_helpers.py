@@ -125,6 +125,16 @@ def max_relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / a.abs().max())
 
 
+def rms_norm_in_float64(norm: torch.nn.Module):
+    """transformers' LlamaRMSNorm formula, without its rounding to float32 in between."""
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        return norm.weight * (hidden * torch.rsqrt(variance + norm.variance_epsilon))
+
+    return forward
+
+
 # One fp32 CPU step on mock data, nothing but the checkpoint written (a run continued from an import).
 TRAIN_ONE_STEP = [
     "trainer.accelerator=cpu",

@@ -18,6 +18,7 @@ from hf_helpers import (  # noqa: E402
     gpt2_files,
     hf_logits,
     max_relative_difference,
+    rms_norm_in_float64,
     run_cli,
     tiny_run,
 )
@@ -645,13 +646,3 @@ def test_the_export_computes_gptrains_function_to_float64_precision(exported) ->
         a, b = ours(ids)[..., :GPT2_VOCAB], theirs(input_ids=ids).logits
     assert float(a.abs().max()) > 1.0
     assert max_relative_difference(a, b) < 1e-12
-
-
-def rms_norm_in_float64(norm: torch.nn.Module):
-    """transformers' LlamaRMSNorm formula, without its rounding to float32 in between."""
-
-    def forward(hidden: torch.Tensor) -> torch.Tensor:
-        variance = hidden.pow(2).mean(-1, keepdim=True)
-        return norm.weight * (hidden * torch.rsqrt(variance + norm.variance_epsilon))
-
-    return forward

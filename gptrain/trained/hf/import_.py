@@ -32,7 +32,13 @@ from gptrain.trained.hf.architectures import (
 )
 from gptrain.trained.hf.record import source_generation_config, write_record
 from gptrain.trained.hf.storage import SafetensorsTensors
-from gptrain.trained.hf.tensors import globals_from_hf, hf_global_names, layer_from_hf
+from gptrain.trained.hf.tensors import (
+    embedding_name,
+    globals_from_hf,
+    hf_global_names,
+    layer_from_hf,
+    output_layer_tied,
+)
 from gptrain.trained.hf.tokenizer_files import import_tokenizer
 from gptrain.trained.hf.transformers_api import load_config, require_transformers
 from gptrain.trained.hf.verify import Verification
@@ -73,7 +79,8 @@ def import_hf(
     hf_config = load_config(hf_dir)
     arch = architecture_of(hf_config, str(hf_dir / "config.json"))
     overrides = model_overrides(hf_config, arch, str(hf_dir / "config.json"))
-    check_embedding_rows(hf_dir, arch, hf_config)
+    tied = output_layer_tied(SafetensorsTensors(hf_dir), arch, hf_config, stream)
+    overrides["share_embeddings_and_output_weights"] = tied
     generation = source_generation_config(hf_dir)
     seq_length = sample_length(seq_length, overrides["max_position_embeddings"], arch, hf_dir, stream)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
@@ -98,7 +105,7 @@ def import_hf(
         model = build_imported_model(cfg, staging, hf_dir, arch, stream)
         step_dir = save_weights(model, staging / CHECKPOINTS, _tokenizer(cfg, staging), cfg)
         del model
-        write_record(staging, hf_config, hf_dir, stored_dtype(hf_dir, arch), generation)
+        write_record(staging, hf_config, hf_dir, stored_dtype(hf_dir, arch, tied), generation)
         verification = verify_import(cfg, staging, step_dir, hf_dir) if verify else None
         # last: without it gptrain opens no run, so the staging directory an import killed outright
         # (SIGKILL, the OOM killer) leaves behind is never trained on, evaluated or exported unverified
@@ -307,27 +314,6 @@ def build_imported_model(cfg: Any, staging: Path, hf_dir: Path, arch: str, strea
     return model
 
 
-def check_embedding_rows(hf_dir: Path, arch: str, hf_config: Any) -> None:
-    """The embedding (and an untied lm_head) has config.json's vocab_size rows, which transformers
-    requires to load it. Checked before the tokenizer is compared with vocab_size: an edited
-    vocab_size was a RuntimeError traceback from transformers' load at verification (under
-    --no-verify mean rows were appended to the weights), or a tokenizer said to outgrow the rows."""
-    names = hf_global_names(arch)
-    weights = SafetensorsTensors(hf_dir)
-    rows = int(hf_config.vocab_size)
-    checked = ["tok_embeddings.weight"]
-    if not hf_config.tie_word_embeddings:
-        checked.append("output.weight")
-    for name in checked:
-        shape = weights.stored_shape(names[name])
-        if shape[0] != rows:
-            raise DataError(
-                f"{hf_dir}: {names[name]} has {shape[0]} rows but config.json gives vocab_size {rows}; give "
-                "the config.json these weights were saved with (or resize the embeddings in transformers "
-                "and save the model)"
-            )
-
-
 def _check_rows(hf_dir: Path, vocab: int, rows: int) -> None:
     """Every token of the tokenizer needs an embedding row."""
     if rows < vocab:
@@ -371,7 +357,8 @@ def fill_weights(
 ) -> None:
     """Copy every tensor, layer by layer, into the live state (which shares storage with the model)."""
     live = {name: state[name] for name in hf_global_names(arch) if name in state}
-    for name, tensor in globals_from_hf(arch, weights.read, live, tied).items():
+    embedding = embedding_name(arch, weights.has, tied)
+    for name, tensor in globals_from_hf(arch, weights.read, live, tied, embedding).items():
         _check_shape(weights.directory, name, tensor, state[name])
         state[name].copy_(tensor)
     progress = Progress("import", unit="layers", total=layers, stream=stream)
@@ -385,11 +372,11 @@ def fill_weights(
         progress.update(1)
 
 
-def stored_dtype(hf_dir: Path, arch: str) -> str | None:
+def stored_dtype(hf_dir: Path, arch: str, tied: bool) -> str | None:
     """The dtype of the token embedding as `hf_dir` stores it ("bfloat16"), which export keeps;
     None for one export cannot write (float64, an 8-bit type): export then writes float32."""
-    name = hf_global_names(arch)["tok_embeddings.weight"]
-    return STORED_DTYPES.get(SafetensorsTensors(hf_dir).stored_dtype(name))
+    weights = SafetensorsTensors(hf_dir)
+    return STORED_DTYPES.get(weights.stored_dtype(embedding_name(arch, weights.has, tied)))
 
 
 def _check_shape(directory: Path, name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:

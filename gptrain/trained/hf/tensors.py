@@ -10,10 +10,15 @@ weights copy unchanged. Embedding rows beyond the real vocabulary (padding) are 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
+from gptrain.errors import DataError
 from gptrain.trained.hf.architectures import GPT2
+
+if TYPE_CHECKING:
+    from gptrain.trained.hf.storage import SafetensorsTensors
 
 Tensors = dict[str, torch.Tensor]
 
@@ -131,13 +136,17 @@ def globals_to_hf(arch: str, tensors: Tensors, vocab_size: int, tied: bool) -> T
     return out
 
 
-def globals_from_hf(arch: str, read: Callable[[str], torch.Tensor], live: Tensors, tied: bool) -> Tensors:
-    """gptrain's global tensors shaped like `live` (padding rows: the mean row) from transformers tensors."""
+def globals_from_hf(
+    arch: str, read: Callable[[str], torch.Tensor], live: Tensors, tied: bool, embedding: str | None = None
+) -> Tensors:
+    """gptrain's global tensors shaped like `live` (padding rows: the mean row) from transformers
+    tensors; the embedding (and a tied output layer) from `embedding` (None: the embedding's name)."""
     names = hf_global_names(arch)
+    embedding = embedding or names["tok_embeddings.weight"]
     out: Tensors = {}
     for name, template in live.items():
-        source = names["tok_embeddings.weight"] if name == "output.weight" and tied else names[name]
-        tensor = read(source)
+        shared = name == "tok_embeddings.weight" or (name == "output.weight" and tied)
+        tensor = read(embedding if shared else names[name])
         # rows are fitted to the padded vocabulary; other widths are left for the caller to refuse
         if name in ("tok_embeddings.weight", "output.weight") and tensor.shape[1:] == template.shape[1:]:
             tensor = _fit_rows(tensor, template)
@@ -156,3 +165,48 @@ def _fit_rows(tensor: torch.Tensor, template: torch.Tensor) -> torch.Tensor:
     if template.shape[0] > rows:
         fitted[rows:] = tensor.to(torch.float64).mean(dim=0).to(tensor.dtype)
     return fitted
+
+
+def embedding_name(arch: str, has: Callable[[str], bool], tied: bool) -> str:
+    """The transformers tensor the embedding is read from: its own, or, for a tied pair whose
+    weights hold lm_head.weight alone, that one (transformers 5 ties a pair to whichever is stored)."""
+    names = hf_global_names(arch)
+    embedding, output = names["tok_embeddings.weight"], names["output.weight"]
+    return output if tied and not has(embedding) and has(output) else embedding
+
+
+def output_layer_tied(weights: SafetensorsTensors, arch: str, hf_config: Any, stream: TextIO) -> bool:
+    """Whether the import ties the output layer to the embedding, as transformers 5 loads the weights:
+    config.json's tie_word_embeddings, except that a stored lm_head.weight differing from the
+    embedding is left untied (a stale config.json: PretrainedConfig and GPT2Config default it to
+    true), said in a note. Each stored one has config.json's vocab_size rows, which transformers
+    requires to load it: an edited vocab_size was a RuntimeError traceback from transformers' load at
+    verification (under --no-verify mean rows were appended to the weights), or a tokenizer said to
+    outgrow the rows."""
+    tied = bool(hf_config.tie_word_embeddings)
+    embedding, output = embedding_name(arch, weights.has, tied), hf_global_names(arch)["output.weight"]
+    stored = [embedding] if embedding == output or (tied and not weights.has(output)) else [embedding, output]
+    rows = int(hf_config.vocab_size)
+    for name in stored:
+        if (found := weights.stored_shape(name)[0]) != rows:
+            raise DataError(
+                f"{weights.directory}: {name} has {found} rows but config.json gives vocab_size {rows}; give "
+                "the config.json these weights were saved with (or resize the embeddings in transformers "
+                "and save the model)"
+            )
+    if len(stored) == 1 or not tied or _same_values(weights.read(embedding), weights.read(output)):
+        return tied
+    print(
+        f"gptrain: note: {weights.directory / 'config.json'} says tie_word_embeddings=true but the weights' "
+        f"{output} differs from {embedding}: imported untied, as transformers loads it (set "
+        "tie_word_embeddings to false there to say so)",
+        file=stream,
+    )
+    return False
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """As transformers compares a stored pair once loaded: torch.equal, in one dtype."""
+    if a.dtype != b.dtype:
+        a, b = a.float(), b.float()
+    return torch.equal(a, b)
