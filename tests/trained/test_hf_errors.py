@@ -374,6 +374,66 @@ def test_hidden_act_swish_imports_as_silu_as_transformers_runs_it(arch: str) -> 
         model_overrides(kind(hidden_act="gelu", **small), arch, "config.json")
 
 
+SMALL_ROPE = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1}
+LLAMA3_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def rope(rope_type: str, **scaling: float) -> dict:
+    return {"rope_parameters": {"rope_type": rope_type, "rope_theta": 10000.0, **scaling}}
+
+
+@pytest.mark.parametrize(
+    ("arch", "options", "key", "value", "expected"),
+    [
+        (GPT2, {"scale_attn_weights": False}, "scale_attn_weights", False, True),
+        (GPT2, {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx", True, False),
+        (GPT2, {"add_cross_attention": True}, "add_cross_attention", True, False),
+        (STABLELM, {"use_qkv_bias": True}, "use_qkv_bias", True, False),
+        (STABLELM, {"qk_layernorm": True}, "qk_layernorm", True, False),
+        (STABLELM, {"use_parallel_residual": True}, "use_parallel_residual", True, False),
+        (LLAMA, {"mlp_bias": True, "attention_bias": False}, "mlp_bias", True, False),
+        (LLAMA, {"mlp_bias": False, "attention_bias": True}, "mlp_bias", False, True),
+        (
+            LLAMA,
+            rope("default", partial_rotary_factor=0.5),
+            "rope_parameters.partial_rotary_factor",
+            0.5,
+            1.0,
+        ),
+        (LLAMA, rope("linear", factor=2.0), "rope_parameters.rope_type", "linear", "default"),
+        (LLAMA, rope("dynamic", factor=2.0), "rope_parameters.rope_type", "dynamic", "default"),
+        (LLAMA, rope("llama3", **LLAMA3_SCALING), "rope_parameters.rope_type", "llama3", "default"),
+        (LLAMA, rope("yarn", factor=4.0), "rope_parameters.rope_type", "yarn", "default"),
+        (STABLELM, rope("linear", factor=2.0), "rope_parameters.rope_type", "linear", "default"),
+        (LLAMA, {"rope_parameters": {"rope_theta": 10000.5}}, "rope_parameters.rope_theta", 10000.5, 10000.0),
+    ],
+)
+def test_each_config_json_value_gptrain_cannot_compute_is_refused_naming_the_key(
+    arch: str, options: dict, key: str, value: object, expected: object
+) -> None:
+    """Each is a model gptrain would compute otherwise: without the refusal, --no-verify imported it
+    unchecked, and verification alone may miss a small difference (rope_theta 10000.5 read as 10000
+    moved a tiny model's logits by 3e-3 of the largest). Before any weights are read: configs only."""
+    transformers = pytest.importorskip("transformers")
+    from gptrain.trained.hf.architectures import model_overrides
+
+    if arch == GPT2:
+        config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, **options)
+    else:
+        kind = transformers.LlamaConfig if arch == LLAMA else transformers.StableLmConfig
+        config = kind(**SMALL_ROPE, **options)
+    with pytest.raises(DataError) as error:
+        model_overrides(config, arch, "config.json")
+    message = str(error.value)
+    assert message.startswith(f"config.json: {key}={value!r} cannot be imported (")
+    assert message.endswith(f"; gptrain needs {expected!r}") and "\n" not in message
+
+
 def test_an_export_beaten_to_its_output_by_another_says_so_not_free_space(
     tmp_path: Path, monkeypatch
 ) -> None:
