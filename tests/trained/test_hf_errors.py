@@ -434,6 +434,30 @@ def test_each_config_json_value_gptrain_cannot_compute_is_refused_naming_the_key
     assert message.endswith(f"; gptrain needs {expected!r}") and "\n" not in message
 
 
+@pytest.mark.parametrize(("factor", "rotary"), [(0.4, 3), (0.2, 1)])
+def test_a_stablelm_rotary_width_gptrain_cannot_rotate_names_partial_rotary_factor(
+    tmp_path: Path, factor: float, rotary: int
+) -> None:
+    """StableLM rotates int(head dim x partial_rotary_factor) dims of each head, in pairs: 0.4 of
+    head dim 8 is 3, which transformers cannot run either. The refusal named gptrain's
+    model.rotary_percentage, which the user never wrote, after the weights and the tokenizer were
+    read; now config.json's key, before them (this directory holds no weights)."""
+    transformers = pytest.importorskip("transformers")
+    from hf_helpers import run_cli
+
+    hf = tmp_path / "hf"
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": factor}
+    transformers.StableLmConfig(**SMALL_ROPE, rope_parameters=rope).save_pretrained(str(hf))
+    with pytest.raises(DataError) as error:
+        run_cli(["import", str(hf), "--output", str(tmp_path / "imported")])
+    assert str(error.value) == (
+        f"{hf / 'config.json'}: rope_parameters.partial_rotary_factor={factor} of head dim 8 gives {rotary} "
+        "rotary dims, which cannot be imported (rotary dims turn in pairs); gptrain needs an even number "
+        "from 2 to 8"
+    )
+    assert not (tmp_path / "imported").exists()
+
+
 def test_an_export_beaten_to_its_output_by_another_says_so_not_free_space(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -252,10 +252,11 @@ def _rope_overrides(c: Any, arch: str, source: str) -> dict[str, Any]:
     if arch == STABLELM:
         for key in ("use_qkv_bias", "qk_layernorm", "use_parallel_residual"):
             _require(source, key, bool(getattr(c, key)), False, "gptrain's blocks have no such variant")
-        factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+        factor = float(rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0)))
+        _check_rotary_dims(factor, head_dim, source)
         return {
             **out,
-            "rotary_percentage": float(factor),
+            "rotary_percentage": factor,
             "normalization": "layernorm",
             "layernorm_epsilon": c.layer_norm_eps,
             "bias": False,
@@ -272,3 +273,16 @@ def _rope_overrides(c: Any, arch: str, source: str) -> dict[str, Any]:
         "bias": bool(c.attention_bias),
         "hidden_dropout": 0.0,
     }
+
+
+def _check_rotary_dims(factor: float, head_dim: int, source: str) -> None:
+    """StableLM rotates int(head dim x partial_rotary_factor) dims of each head, as gptrain does with
+    model.rotary_percentage, in pairs; refused here, naming the key of config.json (gptrain's own
+    check named model.rotary_percentage, after the weights and the tokenizer were read)."""
+    rotary = int(head_dim * factor)
+    if not 2 <= rotary <= head_dim or rotary % 2:
+        raise DataError(
+            f"{source}: rope_parameters.partial_rotary_factor={factor!r} of head dim {head_dim} gives {rotary} "
+            f"rotary dims, which cannot be imported (rotary dims turn in pairs); gptrain needs an even number "
+            f"from 2 to {head_dim}"
+        )
