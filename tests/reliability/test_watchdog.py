@@ -119,35 +119,6 @@ def test_the_rank_that_never_entered_the_step_is_named_and_every_rank_exits_76()
     assert "never started iteration 2, which rank(s) 0 waited in" in zero.fired
 
 
-def test_the_rank_stuck_inside_a_step_the_others_finished_is_named_not_them():
-    """Stuck after the step's last collective (a GPU fault in the optimizer step): the others finish
-    the step and go on, so the stuck rank times out first and diagnoses; it names itself."""
-    dogs_, exits, _ = dogs(3, 0.3)
-    for dog in dogs_:
-        with dog.step(1):
-            pass
-        with dog.boundary(1):
-            pass
-    zero, one, two = dogs_
-    for dog in (zero, one):
-        with dog.step(2):
-            pass
-    with zero.boundary(2):
-        pass
-    threads = [watch(dog) for dog in dogs_]
-    with two.step(2):  # rank 2 stuck in step 2 (overdue first: it entered first)
-        time.sleep(0.2)
-        # rank 1 waits in step 2's end (the stop agreement's exchange), as the loop does; rank 0 went
-        # on past it (an unlogged step's flag is read a step late) and waits in step 3's first collective
-        with one.boundary(2), zero.step(3):
-            for thread in threads:
-                thread.join(timeout=15)
-    assert exits == [EXIT_HUNG] * 3
-    fired = two.fired
-    assert fired.startswith("hang: stuck rank 2 on host ") and "inside iteration 2 for " in fired, fired
-    assert fired.endswith("which rank(s) 0, 1 finished"), fired
-
-
 def through_step_1(*watchdogs) -> None:
     """Each rank runs step 1 and its end, as the loop does."""
     for dog in watchdogs:
@@ -157,33 +128,108 @@ def through_step_1(*watchdogs) -> None:
             pass
 
 
+def in_three_places(dogs_: list[Watchdog], gap_s: float = 0.0) -> contextlib.ExitStack:
+    """Rank 2 stuck inside step 2 (a GPU fault in the optimizer step, after the step's collectives);
+    rank 1 waits in step 2's end (the stop agreement's exchange), as the loop does; rank 0 went on
+    past it (an unlogged step's flag is read a step late) and waits in step 3's first collective.
+    Entered on the returned stack, rank 2 `gap_s` before the others."""
+    through_step_1(*dogs_)
+    zero, one, two = dogs_
+    for dog in (zero, one):
+        with dog.step(2):
+            pass
+    with zero.boundary(2):
+        pass
+    for dog in dogs_:  # as each rank's watchdog has long since (a stall may hold back the next beat)
+        dog.publish()
+    inside = contextlib.ExitStack()
+    inside.enter_context(two.step(2))
+    time.sleep(gap_s)
+    inside.enter_context(one.boundary(2))
+    inside.enter_context(zero.step(3))
+    return inside
+
+
+def test_the_rank_stuck_inside_a_step_the_others_finished_is_named_not_them():
+    """Stuck after the step's last collective: the others finish the step and go on. Diagnosed by the
+    stuck rank (overdue first where it entered first), the line names it alone, inside the step the
+    others finished. On published beats: which rank's watchdog fires first is up to timing."""
+    dogs_, _, _ = dogs(3, 0.3)
+    with in_three_places(dogs_):
+        for dog in dogs_:
+            dog.publish()
+        line, by_one = dogs_[2].diagnose(2), dogs_[1].diagnose(2)
+    assert by_one.startswith("hang: stuck rank 2 on host ") and "rank 1 on host" not in by_one, by_one
+    assert "it never started the end of iteration 2, which rank(s) 1 waited in for " in by_one, by_one
+    assert line.startswith("hang: stuck rank 2 on host ") and "inside iteration 2 for " in line, line
+    assert line.endswith("which rank(s) 0, 1 finished"), line
+
+
+def test_three_ranks_in_three_places_end_in_one_line_naming_the_stuck_one():
+    """The watchdogs running: every rank exits 76 with one line, and it names rank 2, whichever rank
+    diagnosed (rank 2 by the time it has waited, or a rank stalled past its own timeout meanwhile)."""
+    dogs_, exits, _ = dogs(3, 0.3)
+    with in_three_places(dogs_, gap_s=0.2):  # rank 2 overdue first, unless the process stalls
+        for thread in [watch(dog) for dog in dogs_]:
+            thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] * 3 and len({dog.fired for dog in dogs_}) == 1
+    fired, host = dogs_[0].fired, socket.gethostname()
+    assert (
+        fired.startswith("hang: stuck ") and f"rank 2 on host {host} (pid {os.getpid()}), last seen " in fired
+    )
+    assert "rank 0 on host" not in fired, fired
+
+
+def stuck_in_step_2(zero: Watchdog, one: Watchdog, first: str, gap_s: float = 0.0) -> contextlib.ExitStack:
+    """Rank 1 stuck in step 2 and rank 0 waiting in its end (both through step 1 and rank 0 through
+    step 2), entered on the returned stack: the stuck rank first, or the waiting one, `gap_s` before
+    the other."""
+    through_step_1(zero, one)
+    with zero.step(2):
+        pass
+    for dog in (zero, one):  # as each rank's watchdog has long since (a stall may hold back the next beat)
+        dog.publish()
+    inside = contextlib.ExitStack()
+    order = [one.step(2), zero.boundary(2)] if first == "stuck" else [zero.boundary(2), one.step(2)]
+    inside.enter_context(order[0])
+    time.sleep(gap_s)
+    inside.enter_context(order[1])
+    return inside
+
+
 @pytest.mark.parametrize("first", ["stuck", "waiting"])
 def test_a_rank_stuck_in_a_step_is_named_while_the_others_wait_in_its_end(first):
     """Every rank but the stuck one finished step 2 and waits in its end's exchange (gloo every step,
     NCCL at each logged one): their beat was the stuck rank's, so the line said "all 2 ranks are
     inside iteration 2 ... a collective or a kernel is stuck" and named nobody. Whichever rank times
-    out first, rank 1 is named."""
+    out first (`first` diagnoses: the one that entered first), rank 1 is named; on published beats,
+    since which watchdog fires first is up to timing."""
+    (zero, one), _, _ = dogs(2, 0.3)
+    with stuck_in_step_2(zero, one, first):
+        zero.publish()
+        one.publish()
+        line = (one if first == "stuck" else zero).diagnose(2)
+    host = socket.gethostname()
+    assert line.startswith(
+        f"hang: stuck rank 1 on host {host} (pid {os.getpid()}), last seen inside iteration 2"
+    )
+    if first == "stuck":
+        assert "inside iteration 2 for " in line and line.endswith("which rank(s) 0 finished"), line
+    else:
+        assert "it never started the end of iteration 2, which rank(s) 0 waited in" in line, line
+
+
+@pytest.mark.parametrize("first", ["stuck", "waiting"])
+def test_a_rank_stuck_in_a_step_while_the_others_wait_in_its_end_ends_the_job_naming_it(first):
+    """The watchdogs running: every rank exits 76 with one line naming rank 1, whichever diagnosed."""
     (zero, one), exits, _ = dogs(2, 0.3)
-    through_step_1(zero, one)
-    with zero.step(2):
-        pass
-    threads = [watch(zero), watch(one)]
-    with contextlib.ExitStack() as inside:
-        order = [one.step(2), zero.boundary(2)] if first == "stuck" else [zero.boundary(2), one.step(2)]
-        inside.enter_context(order[0])
-        time.sleep(0.15)
-        inside.enter_context(order[1])
-        for thread in threads:
+    with stuck_in_step_2(zero, one, first, gap_s=0.15):  # `first` overdue first, unless the process stalls
+        for thread in [watch(zero), watch(one)]:
             thread.join(timeout=15)
     assert exits == [EXIT_HUNG] * 2 and zero.fired == one.fired
-    host = socket.gethostname()
-    if first == "stuck":
-        assert zero.fired.startswith(f"hang: stuck rank 1 on host {host}"), zero.fired
-        assert "inside iteration 2 for " in zero.fired and zero.fired.endswith("which rank(s) 0 finished")
-    else:
-        assert zero.fired.startswith(f"hang: stuck rank 1 on host {host}"), zero.fired
-        assert "last seen inside iteration 2" in zero.fired
-        assert "it never started the end of iteration 2, which rank(s) 0 waited in" in zero.fired
+    fired = zero.fired
+    assert fired.startswith(f"hang: stuck rank 1 on host {socket.gethostname()} (pid {os.getpid()})"), fired
+    assert fired.endswith("which rank(s) 0 finished") or "which rank(s) 0 waited in" in fired, fired
 
 
 def test_the_first_step_gets_more_time_and_the_time_between_steps_none():
