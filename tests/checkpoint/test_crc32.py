@@ -5,13 +5,14 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.integrity import file_crc32
 
 
+@settings(deadline=None)  # a loaded machine may deschedule one example for longer than 200 ms
 @given(st.binary(max_size=4096), st.integers(min_value=0, max_value=2**32 - 1))
 def test_values_are_zlibs_from_any_start(data: bytes, start: int) -> None:
     assert crc32(data) == zlib.crc32(data)
