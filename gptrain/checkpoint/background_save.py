@@ -12,6 +12,7 @@ from concurrent.futures import Future
 import torch.distributed as dist
 
 from gptrain.checkpoint.save_report import SaveReport
+from gptrain.utils.group_timeout import default_group_timeout
 
 
 def background_save_group() -> dist.ProcessGroup:
@@ -22,11 +23,12 @@ def background_save_group() -> dist.ProcessGroup:
     eager, every process holds a socket to every other, world + 3 descriptors each (EMFILE past
     ~1,000 ranks under nofile=1024). DCP's collectives on it gather to and scatter from the
     coordinator (rank 0) and all-gather sizes in a ring, so rank 0 still connects to every rank
-    and each other rank to a handful (measured: 3-5 at 8 ranks; docs/reliability.md)."""
+    and each other rank to a handful (measured: 3-5 at 8 ranks; docs/reliability.md). Its collectives
+    wait as long as the default group's (gloo's own default is 30 minutes)."""
     before = os.environ.get("TORCH_GLOO_LAZY_INIT")
     os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
     try:
-        return dist.new_group(backend="gloo")
+        return dist.new_group(backend="gloo", timeout=default_group_timeout())
     finally:
         if before is None:
             del os.environ["TORCH_GLOO_LAZY_INIT"]

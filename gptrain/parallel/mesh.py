@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.utils.hostlist import expand_hostlist
@@ -181,14 +181,38 @@ def init_distributed(world: World, accelerator: str, timeout_minutes: float = 30
 
 
 def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
-    """The device mesh with named dims pp, dp (flattened for hybrid), tp."""
+    """The device mesh with named dims pp, dp (flattened for hybrid), tp, each dimension's groups
+    with the default group's timeout (gptrain.utils.group_timeout: torch's own default otherwise)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape, names = dims.mesh_shape()
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    timed = {name: options for name, size in zip(names, shape, strict=True) if (options := _timed(size))}
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names, backend_override=timed)
     if "dp_rep" in names:
-        mesh["dp_rep", "dp_shard"]._flatten("dp")
+        mesh["dp_rep", "dp_shard"]._flatten("dp", backend_override=_timed(dims.dp))
     return mesh
+
+
+def _timed(size: int) -> Any:
+    """Options carrying the default group's timeout for the groups of a mesh dimension of `size`
+    ranks, None for a dimension whose group is the default group itself (one spanning the world:
+    torch makes no group for it, except for a gloo default group where CUDA is available)."""
+    import torch
+    import torch.distributed as dist
+
+    from gptrain.utils.group_timeout import default_group_timeout
+
+    timeout, backend = default_group_timeout(), dist.get_backend()
+    spans_world = size == dist.get_world_size()
+    if timeout is None or (spans_world and not (backend == "gloo" and torch.cuda.is_available())):
+        return None
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return options
+    from torch._C._distributed_c10d import Backend
+
+    return Backend.Options(backend, timeout)  # gloo reads no other option
 
 
 def shutdown(wait_for_peers: bool = True) -> None:

@@ -26,6 +26,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from gptrain.utils.group_timeout import default_group_timeout
+
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 
@@ -66,9 +68,10 @@ def embedding_group(mesh: DeviceMesh) -> dist.ProcessGroup | None:
     """
     ranks = mesh.mesh.reshape(mesh.mesh.shape[0], -1)
     mine = None
+    timeout = default_group_timeout()  # torch's own default otherwise (10 minutes for NCCL)
     for column in range(ranks.shape[1]):
         pair = [int(ranks[0, column]), int(ranks[-1, column])]
-        group = dist.new_group(pair)
+        group = dist.new_group(pair, timeout=timeout)
         if dist.get_rank() in pair:
             mine = group
     return mine
