@@ -26,7 +26,6 @@ from gptrain.train.state import (
     parts_to_load,
     restore_rng_state,
 )
-from gptrain.train.target_sizes import train_samples_read
 from gptrain.train.weight_decay_schedule import described, weight_decay_change
 
 
@@ -100,10 +99,8 @@ def warn_if_the_order_changed(s: Session, extra: dict) -> None:
     if s.train_split is None or not (s.logging_rank or s.world.rank == 0):
         return
     saved = extra.get("train_order")
-    consumed, read = s.state.consumed_samples, train_samples_read(s.cfg)
-    for warning in order_warnings(
-        saved, s.train_split, s.valid_split, consumed, s.cfg.trainer, s.train_built_for, read
-    ):
+    consumed = s.state.consumed_samples
+    for warning in order_warnings(saved, s.train_split, s.valid_split, consumed, s.cfg, s.train_built_for):
         s.log(warning)
 
 

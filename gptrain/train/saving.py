@@ -48,7 +48,7 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
     if s.train_split is not None:  # the next samples, to tell a changed order at resume
         consumed = s.state.consumed_samples
         extra["train_order"] = order_record(
-            s.train_split, s.valid_split, consumed, s.cfg.trainer, s.train_built_for
+            s.train_split, s.valid_split, consumed, s.cfg.trainer, s.train_built_for, s.cfg.model
         )
 
     allowance = save_allowance_s(s.cfg.trainer.hang_timeout_minutes, state_bytes(state))

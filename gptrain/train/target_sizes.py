@@ -31,11 +31,14 @@ def train_samples_read(cfg: TrainingConfig) -> int | None:
     """The samples trainer.max_steps read under trainer.train_samples (None without it): inside a ramp
     Megatron's iteration count can read more than train_samples, which a split built for it (whole
     epochs) often holds anyway; one that does not is rebuilt for this count (builders._build_datasets)."""
-    t = cfg.trainer
-    if t.train_samples is None:
-        return None
+    return None if cfg.trainer.train_samples is None else samples_max_steps_read(cfg)
+
+
+def samples_max_steps_read(cfg: TrainingConfig) -> int:
+    """The samples trainer.max_steps read under the global batch and its ramp."""
     m = cfg.model
-    return BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1).samples_for(t.max_steps)
+    ramp = BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1)
+    return ramp.samples_for(cfg.trainer.max_steps)
 
 
 def split_sizes_asked_by(cfg: TrainingConfig) -> tuple[str, str, str]:
