@@ -49,7 +49,7 @@ from gptrain.checkpoint.checksum_writer import ChecksummingWriter
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_dir_name
 from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError
-from gptrain.checkpoint.integrity import COMPLETE, complete_record, is_complete, with_metrics
+from gptrain.checkpoint.integrity import COMPLETE, complete_record, with_metrics
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.pruning import CheckpointPruning, put_in_place, replacing_dir
 from gptrain.checkpoint.rank_state import rank_state_bytes
@@ -349,7 +349,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         try:
             pending.written.result()
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-            if is_complete(pending.report.files_dir):  # written and marked: `latest` or pruning failed
+            if save_failures.saved(pending.report.path):  # marked, in place: `latest` or pruning failed
                 raise update_failed(self.root, pending.report.path, error) from error
             raise write_failed(self.root, pending.report.files_dir, error) from error
         return pending.report
@@ -388,7 +388,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         except CheckpointNotSharedError as error:
             return NOT_SHARED, str(error)
         except OSError as error:
-            if is_complete(report.files_dir):
+            if save_failures.saved(report.path):
                 return UPDATE_FAILED, str(update_failed(self.root, report.path, error))
             return WRITE_FAILED, str(write_failed(self.root, report.files_dir, error))
         return None
@@ -415,9 +415,9 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             world_size=world_size,
         )
         fsync_directory(written)  # every file's name durable (.metadata was renamed) before COMPLETE's
-        if written != report.path:  # a step symlink, replaced only now: its target never written through
+        atomic_write_text(written / COMPLETE, record)  # beside a step symlink: a name no lookup takes
+        if written != report.path:  # the symlink, replaced only now, by a complete save: never lost
             put_in_place(written, report.path)
-        atomic_write_text(report.path / COMPLETE, record)
         if (removed := remove_unfinished_latest(self.root)) is not None:
             print(removed, file=sys.stderr)
         atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")

@@ -235,11 +235,23 @@ def replacing_dir(path: Path) -> Path:
 
 
 def put_in_place(written: Path, path: Path) -> None:
-    """Replace the step symlink `path` with the save written in `written`; the link's target untouched."""
-    if path.is_symlink():
-        os.unlink(path)
-    os.rename(written, path)
+    """Replace the step symlink `path` with the save written (and marked) in `written`; the link's target
+    untouched. The link is moved aside, the save renamed to `path`, then the old link removed: a failure
+    before the save's rename puts the link back, a crash between the renames leaves it under the
+    `.replaced-link` name, and one after leaves the save complete."""
+    if not path.is_symlink():  # removed meanwhile
+        os.rename(written, path)
+        fsync_directory(path.parent)
+        return
+    aside = path.parent / f".{path.name}.replaced-link"
+    os.rename(path, aside)  # atomic for the link itself
+    try:
+        os.rename(written, path)
+    except OSError:
+        os.rename(aside, path)
+        raise
     fsync_directory(path.parent)
+    _unlink_saying_why_not(aside)
 
 
 def _unlink(path: Path) -> str:

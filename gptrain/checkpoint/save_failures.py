@@ -80,6 +80,13 @@ def unmarked_text(path: Path) -> str:
     )
 
 
+def saved(path: Path) -> bool:
+    """Whether the save of step directory `path` is in place and marked complete. A step symlink still
+    there is the checkpoint it links to, another run's: a save over it is written beside it and
+    replaces it only once marked (CheckpointManager._mark_complete)."""
+    return not path.is_symlink() and is_complete(path)
+
+
 def marked_within(path: Path, timeout_s: float) -> bool:
     """Whether `path`'s COMPLETE marker is there, or appears within `timeout_s`."""
     deadline = time.monotonic() + timeout_s

@@ -266,3 +266,61 @@ def test_two_ranks_save_over_a_linked_step_into_one_directory_of_their_own(tmp_p
         assert sorted(p.name for p in Path(run).iterdir()) == ["latest", "step_4"]
     assert sorted(p.name for p in (other / "step_4").iterdir()) == files[4]
     assert verify(other / "step_4", checksums=True) is None
+
+
+@pytest.mark.parametrize("failing", ["COMPLETE", "rename"])
+def test_a_save_over_a_linked_step_that_cannot_be_marked_or_put_in_place_keeps_the_link(
+    tmp_path, monkeypatch, failing
+):
+    """The link was replaced before COMPLETE was written: a full disk under the marker then removed the
+    save the link had become, and the run's directory lost both, its line saying earlier checkpoints
+    were unchanged (review X2)."""
+    from gptrain.checkpoint import manager as manager_module
+    from gptrain.checkpoint import pruning
+
+    other, files = other_run(tmp_path, steps=(4,))
+    run = run_linking(tmp_path, other, 4)
+    manager = CheckpointManager(run, keep_last=-1)
+    write_text, rename = manager_module.atomic_write_text, os.rename
+
+    def full_under_complete(path, text):
+        if failing == "COMPLETE" and path.name == COMPLETE:
+            raise OSError(28, "No space left on device (injected)")
+        return write_text(path, text)
+
+    def failing_rename(source, target):
+        if failing == "rename" and Path(source).name == ".step_4.replacing":
+            raise OSError(28, "No space left on device (injected)")
+        return rename(source, target)
+
+    monkeypatch.setattr(manager_module, "atomic_write_text", full_under_complete)
+    monkeypatch.setattr(pruning.os, "rename", failing_rename)
+    with pytest.raises(CheckpointWriteError, match="earlier checkpoints are unchanged"):
+        save(manager, 4)
+    assert (run / "step_4").is_symlink() and os.readlink(run / "step_4") == str(other / "step_4")
+    assert sorted(p.name for p in run.iterdir()) == ["step_4"] and complete_steps(run) == [4]
+    assert sorted(p.name for p in (other / "step_4").iterdir()) == files[4]
+
+
+def test_a_save_over_a_linked_step_whose_old_link_cannot_be_removed_is_saved(tmp_path, monkeypatch, capsys):
+    """The link is moved aside, the save renamed into place, then the old link removed: a removal that
+    fails leaves the save complete, and says so in one line."""
+    from gptrain.checkpoint import pruning
+
+    other, _ = other_run(tmp_path, steps=(4,))
+    run = run_linking(tmp_path, other, 4)
+    manager = CheckpointManager(run, keep_last=-1)
+    unlink = os.unlink
+
+    def failing_unlink(path, *args, **kwargs):
+        if Path(path).name.startswith(".step_4."):
+            raise PermissionError(13, "Permission denied (injected)")
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(pruning.os, "unlink", failing_unlink)
+    save(manager, 4)
+    manager.close()
+    assert not (run / "step_4").is_symlink() and complete_steps(run) == [4]
+    assert verify(run / "step_4", checksums=True) is None
+    err = capsys.readouterr().err
+    assert "could not remove the symlink" in err and ".step_4." in err, err
