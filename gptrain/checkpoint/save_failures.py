@@ -65,7 +65,7 @@ def update_failed(root: Path, path: Path, error: BaseException) -> CheckpointWri
 def given_up_text(root: Path, path: Path, error: BaseException) -> str:
     """finish_after_failure's line for a save that timed out or failed (DCP's CheckpointException,
     a dead peer)."""
-    if not isinstance(error, TimeoutError) and is_complete(path):
+    if not isinstance(error, TimeoutError) and saved(path):
         # marked complete, then `latest` or pruning failed: resume takes it, as `wait` says
         return str(update_failed(root, path, error))
     reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
@@ -88,9 +88,9 @@ def saved(path: Path) -> bool:
 
 
 def marked_within(path: Path, timeout_s: float) -> bool:
-    """Whether `path`'s COMPLETE marker is there, or appears within `timeout_s`."""
+    """Whether the save of `path` is marked (`saved`), or is within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while not is_complete(path):
+    while not saved(path):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)

@@ -324,3 +324,27 @@ def test_a_save_over_a_linked_step_whose_old_link_cannot_be_removed_is_saved(tmp
     assert verify(run / "step_4", checksums=True) is None
     err = capsys.readouterr().err
     assert "could not remove the symlink" in err and ".step_4." in err, err
+
+
+def test_a_rank_on_its_way_out_reports_a_linked_save_only_once_it_is_in_place(tmp_path, monkeypatch):
+    """Rank 1 read COMPLETE through the link (the other run's step_4, complete) and reported a save
+    rank 0 never marked as saved (review X3)."""
+    from gptrain.checkpoint import save_failures
+    from gptrain.checkpoint.pruning import replacing_dir
+    from gptrain.checkpoint.save_report import SaveReport
+
+    other, _ = other_run(tmp_path, steps=(4,))
+    run = run_linking(tmp_path, other, 4)
+    monkeypatch.setattr(save_failures, "MARK_WAIT_S", 0.3)
+    reported = []
+    manager = CheckpointManager(run, keep_last=-1, rank=1, on_saved=reported.append)
+    written = replacing_dir(run / "step_4")
+    written.mkdir()
+    (written / "__1_0.distcp").write_bytes(b"partial")
+    report = SaveReport(4, run / "step_4", 0.0, 0.0, True, 0.0, replaced_link=str(other / "step_4"))
+    report.written_in = written
+    manager._unagreed = [report]
+    note = manager.finish_after_failure(1.0)
+    assert reported == [] and note is not None and "rank 0 had not marked it complete" in note, note
+    error = OSError(28, "No space left on device")
+    assert "was saved" not in save_failures.given_up_text(run, report.path, error)
