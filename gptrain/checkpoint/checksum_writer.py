@@ -25,6 +25,10 @@ from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.direct_io import open_shard_file
 from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text
 
+Note = Callable[[str | None], None]
+"""What this rank is doing on its own in a save, noted for the run's hang watchdog (None: done)."""
+PREPARING = "preparing its checkpoint directory"
+WRITING = "writing its checkpoint files"
 SIDECAR_PREFIX = ".checksums.rank"
 WRITE_PIECE_BYTES = 1 << 18
 """Large buffers are checksummed and written in pieces of this size: the piece is still in the CPU
@@ -85,38 +89,60 @@ class ChecksummingWriter(FileSystemWriter):
         background: bool = False,
         direct_io: bool = False,
         own_files: dict[str, bytes] | None = None,
-        on_written: Callable[[], None] | None = None,
+        note: Note | None = None,
     ) -> None:
         """`own_files`: this rank's files beside its shards ({name: bytes}: its rank file), written
         with them, so that DCP's agreement on the write covers their failure too: written before DCP's
         save, a full disk under one rank's stopped that rank alone, its peers left waiting in DCP's
-        first collective until the group timed out. `on_written`: called once this rank's files are
-        written (its sidecar too), before DCP's gather of every rank's results."""
+        first collective until the group timed out. `note`: told what this rank does on its own (its
+        directory, its files, rank 0's metadata) while it does it (`noted`)."""
         super().__init__(str(path), sync_files=False)  # each file fsyncs itself as it closes
         self.directory = Path(path)
         self.background = background
         self.fs = _ChecksummingFileSystem(direct_io)
         self.own_files = own_files or {}
-        self.on_written = on_written
+        self.note = note
 
     @property
     def checksums(self) -> dict[str, str | None]:
         return self.fs.checksums
 
+    def prepare_local_plan(self, plan: Any) -> Any:
+        with noted(self.note, PREPARING):  # its mkdir, before DCP's gather of the plans
+            return super().prepare_local_plan(plan)
+
     def write_data(self, plan: Any, planner: Any) -> Any:
         if self.background:
             _yield_cpu_to_training()
-        for name, data in self.own_files.items():  # into the sidecar below, hence into the manifest
-            atomic_write_bytes(self.directory / name, data)
-            self.checksums[name] = f"{crc32(data):08x}"
-        with _zip_record_crc_off():
-            future = super().write_data(plan, planner)
-            future.wait()  # FileSystemWriter writes synchronously; this only surfaces its errors here
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        atomic_write_text(self.directory / sidecar_name(rank), json.dumps(self.checksums) + "\n")
-        if self.on_written is not None:
-            self.on_written()
+        with noted(self.note, WRITING):  # done before DCP's gather of every rank's results
+            for name, data in self.own_files.items():  # into the sidecar below, hence into the manifest
+                atomic_write_bytes(self.directory / name, data)
+                self.checksums[name] = f"{crc32(data):08x}"
+            with _zip_record_crc_off():
+                future = super().write_data(plan, planner)
+                future.wait()  # FileSystemWriter writes synchronously; this only surfaces its errors here
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            atomic_write_text(self.directory / sidecar_name(rank), json.dumps(self.checksums) + "\n")
         return future
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        with noted(self.note, "writing the checkpoint's metadata"):  # rank 0, the others wait for it
+            super().finish(metadata, results)
+
+
+@contextmanager
+def noted(note: Note | None, what: str) -> Iterator[None]:
+    """`what` noted while this rank does it (Watchdog.busy): only its own work, never a wait for other
+    ranks. A rank noted busy where the others wait is the one the hang's line names: noted while it
+    waited for a peer hung before its own note, a healthy rank was named and the hung one excused."""
+    if note is None:
+        yield
+        return
+    note(what)
+    try:
+        yield
+    finally:
+        note(None)
 
 
 BACKGROUND_NICE = 19

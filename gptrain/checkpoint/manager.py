@@ -32,7 +32,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ from gptrain.checkpoint import save_failures
 from gptrain.checkpoint.agreed_staging import AgreedStager
 from gptrain.checkpoint.agreement import first_on_any_rank, is_distributed
 from gptrain.checkpoint.background_save import background_save_group, first_failure, marked_when_written
-from gptrain.checkpoint.checksum_writer import ChecksummingWriter
+from gptrain.checkpoint.checksum_writer import PREPARING, ChecksummingWriter, Note, noted
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_dir_name
 from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError
@@ -121,8 +120,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         self.direct_io = takes_direct_io(root) if direct_io is None else direct_io
         self.pinned_staging = torch.cuda.is_available() if pinned_staging is None else pinned_staging
         self.on_saved = on_saved
-        # a synchronous save's writing noted (True) and done (False) on this rank: the run's hang watchdog
-        self.note_writing: Callable[[bool], None] | None = None
+        # what this rank does on its own in a save (None: done): the run's hang watchdog (checksum_writer.noted)
+        self.note: Note | None = None
         self._pending: Pending | None = None
         # a background save's failure poll() found, until every rank has agreed to stop on it
         self.failure: CheckpointWriteError | None = None
@@ -160,32 +159,33 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             self.failure, waited = self.failure or error, 0.0
         in_background = self.async_save and not (waited_for and in_host_memory(state))
         path = self.root / step_dir_name(step)
-        own = str(self.failure) if self.failure else (self._clear_step_dir(path) if self.rank == 0 else None)
+        own = str(self.failure) if self.failure else None
+        if own is None and self.rank == 0:
+            with noted(self.note, PREPARING):  # this rank's own file system work, never a wait for others
+                own = self._clear_step_dir(path)
         problem = first_on_any_rank(own)  # a barrier
         if problem is not None:  # every rank learns it, none waits for rank 0 in a collective
             raise self.failure or CheckpointWriteError(problem)
         self.report_done_through(step)  # every rank's earlier saves are written and marked
-        link = os.readlink(path) if path.is_symlink() else None  # replaced once the save is complete
+        with noted(self.note, PREPARING):  # an lstat: a stalled mount hangs here
+            link = os.readlink(path) if path.is_symlink() else None  # replaced once the save is complete
         files = replacing_dir(path) if link is not None else path
         report = SaveReport(step, path, 0.0, 0.0, in_background, waited, metrics=metrics, replaced_link=link)
         report.written_in = files if link is not None else None
         try:
-            files.mkdir(parents=True, exist_ok=True)
+            with noted(self.note, PREPARING):
+                files.mkdir(parents=True, exist_ok=True)
             self._writer = ChecksummingWriter(
                 files,
                 background=in_background,
                 direct_io=self.direct_io,
                 own_files={f"rank_{self.rank}.pt": rank_state_bytes(rank_state)},
-                on_written=None
-                if in_background or not self.note_writing
-                else partial(self.note_writing, False),
+                note=None if in_background else self.note,  # a background write outlasts the save's watch
             )
             if in_background:
                 self.wait_for_preparation()  # the buffer being pinned ahead is the one this save fills
                 self._start_background_save(report, state, started)
                 return path
-            if self.note_writing is not None:
-                self.note_writing(True)
             dcp.save(
                 state,
                 checkpoint_id=str(files),
@@ -384,7 +384,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
     def _mark_on_rank_0(self, report: SaveReport) -> tuple[str, str] | None:
         """None once the save is marked complete, else (what failed, the line every rank stops with)."""
         try:
-            self._mark_complete(report, self._writer.checksums if self._writer else {})
+            with noted(self.note, "marking its checkpoint complete"):  # the others wait in the gather
+                self._mark_complete(report, self._writer.checksums if self._writer else {})
         except CheckpointNotSharedError as error:
             return NOT_SHARED, str(error)
         except OSError as error:

@@ -163,7 +163,7 @@ def watch_checkpoint_saves(s: Session) -> None:
             s.log(f"warning: {save_outlasts_signal(report, lead)}")
 
     s.checkpoints.on_saved = on_saved
-    s.checkpoints.note_writing = lambda on: s.watchdog.busy("writing its checkpoint files" if on else None)
+    s.checkpoints.note = s.watchdog.busy
     s.optimizer.register_step_pre_hook(lambda *_: s.checkpoints.wait_for_staging())
 
 

@@ -22,6 +22,9 @@ python rank_hooks.py nan-from RANK ITERATION gptrain-args...   that rank's train
                                                             ITERATION on (one micro-batch a step)
 python rank_hooks.py stop-in-save RANK ITERATION gptrain-args...   that rank's write of the checkpoint
                                                             of ITERATION never returns (a dead file system)
+python rank_hooks.py stop-in-save-mkdir RANK ITERATION gptrain-args...   that rank's creation of the
+                                                            checkpoint directory of ITERATION never returns
+                                                            (a stalled mount), before any write
 python rank_hooks.py disk-full-in-save RANK ITERATION gptrain-args...   that rank's write of the
                                                             checkpoint of ITERATION fails (ENOSPC)
 python rank_hooks.py staging-fails-in-save RANK ITERATION gptrain-args...   that rank's staging copy
@@ -237,19 +240,34 @@ def disk_full_in_save(full_rank: int, iteration: int) -> None:
 
 
 def stop_in_save(stopped_rank: int, iteration: int) -> None:
+    """The rank's first shard file of the step never opens: inside the writer's write_data."""
     from gptrain.checkpoint.directory import step_dir_name
 
-    writer = checksum_writer.ChecksummingWriter
-    write_data = writer.write_data
+    open_shard_file = checksum_writer.open_shard_file
 
-    def never_returning_write(self, plan, planner):
-        if int(os.environ["RANK"]) == stopped_rank and str(self.path).endswith(step_dir_name(iteration)):
+    def never_returning_open(path, direct):
+        if int(os.environ["RANK"]) == stopped_rank and Path(path).parent.name == step_dir_name(iteration):
             print(f"rank {stopped_rank}: its checkpoint write never returns", file=sys.stderr, flush=True)
             while True:
                 time.sleep(3600)
-        return write_data(self, plan, planner)
+        return open_shard_file(path, direct=direct)
 
-    writer.write_data = never_returning_write
+    checksum_writer.open_shard_file = never_returning_open
+
+
+def stop_in_save_mkdir(stopped_rank: int, iteration: int) -> None:
+    from gptrain.checkpoint.directory import step_dir_name
+
+    mkdir = Path.mkdir
+
+    def never_returning_mkdir(self, *args, **kwargs):
+        if int(os.environ["RANK"]) == stopped_rank and self.name == step_dir_name(iteration):
+            print(f"rank {stopped_rank}: its mkdir of the step never returns", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
+        return mkdir(self, *args, **kwargs)
+
+    Path.mkdir = never_returning_mkdir
 
 
 def staging_fails_in_save(failing_rank: int, iteration: int) -> None:
@@ -306,6 +324,7 @@ HOOKS = {  # name: (install, how many integer arguments it takes)
     "nan-from": (nan_from, 2),
     "disk-full-in-save": (disk_full_in_save, 2),
     "stop-in-save": (stop_in_save, 2),
+    "stop-in-save-mkdir": (stop_in_save_mkdir, 2),
     "staging-fails-in-save": (staging_fails_in_save, 2),
     "complete-full": (complete_full, 1),
     "complete-full-slow": (complete_full_slow, 2),
@@ -330,6 +349,8 @@ PATCHED = [
     (builders, "build_step_options"),
     (DefaultStager, "_stage"),
     (checksum_writer.ChecksummingWriter, "write_data"),
+    (checksum_writer, "open_shard_file"),
+    (Path, "mkdir"),
     (manager, "atomic_write_text"),
 ]
 

@@ -73,6 +73,25 @@ def test_a_rank_still_busy_where_the_others_wait_in_the_same_section_is_named_wi
     assert "hang: all 2 ranks are inside iteration 2" in zero.fired, zero.fired
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_save_notes_only_the_ranks_own_work_each_cleared_before_a_collective(tmp_path, async_save):
+    """Noted from before DCP's plan gather, a rank waiting there for a peer read as the one stuck."""
+    import torch
+
+    from gptrain.checkpoint.checksum_writer import PREPARING, WRITING
+    from gptrain.checkpoint.manager import CheckpointManager
+
+    notes = []
+    manager = CheckpointManager(tmp_path, keep_last=-1, async_save=async_save)
+    manager.note = notes.append
+    manager.save(2, {"model": {"w": torch.ones(2)}}, {"rng": torch.tensor([1])})
+    manager.close()
+    own = [PREPARING] * 3  # rank 0's clearing of the step, its lstat, its mkdir
+    if not async_save:  # a background write outlasts the save's watch: never noted
+        own += [PREPARING, WRITING, "writing the checkpoint's metadata", "marking its checkpoint complete"]
+    assert notes == [x for what in own for x in (what, None)], notes
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_rank_whose_checkpoint_write_never_returns_ends_the_job_naming_it(tmp_path):
@@ -95,6 +114,31 @@ def test_a_rank_whose_checkpoint_write_never_returns_ends_the_job_naming_it(tmp_
         assert line.startswith("gptrain: rank ") and f"hang: stuck rank 1 on host {host}" in line, line
         assert f"(pid {processes[1].pid}), last seen inside the checkpoint save of iteration 2" in line, line
         assert "writing its checkpoint files" in line and "which rank(s) 0 finished" in line, line
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_hung_before_its_checkpoint_write_is_named_not_the_ranks_waiting_for_it(tmp_path):
+    """Rank 1's mkdir of step 2's directory never returns (a stalled mount); rank 0 waits in DCP's plan
+    gather. Each rank was noted writing its files from before that gather: the line named rank 0, the
+    healthy one, as stuck writing, and rank 1 as finished (review X1)."""
+    hooked = [sys.executable, HOOKS, "stop-in-save-mkdir", "1", "2"]
+    settings = [
+        "trainer.max_steps=100",
+        "trainer.hang_timeout_minutes=0.05",  # 3 s
+        "exp_manager.checkpoint_callback_params.async_save=false",
+    ]
+    processes = start_ranks(tmp_path / "run", settings, program=hooked)
+    outputs = finish_ranks(processes, timeout=120)
+    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    host = socket.gethostname()
+    for _, err in outputs:
+        line = next(x for x in err.splitlines() if "hang: " in x)
+        assert f"hang: stuck rank 1 on host {host} (pid {processes[1].pid}), last seen inside the" in line, (
+            line
+        )
+        assert "checkpoint save of iteration 2, preparing its checkpoint directory (" in line, line
+        assert "which rank(s) 0 finished, waiting in the checkpoint save of iteration 2" in line, line
 
 
 @pytest.mark.distributed
