@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from gptrain.checkpoint.agreement import is_distributed
 from gptrain.checkpoint.errors import root_cause
 from gptrain.checkpoint.retention import STEP
 from gptrain.checkpoint.save_report import SaveReport
@@ -51,7 +53,7 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
             s.train_split, s.valid_split, consumed, s.cfg.trainer, s.train_built_for, s.cfg.model
         )
 
-    allowance = save_allowance_s(s.cfg.trainer.hang_timeout_minutes, state_bytes(state))
+    allowance = save_allowance(s, state)
     with (
         s.watchdog.saving(s.state.step, allowance),
         s.doing(f"while saving iteration {s.state.step}'s checkpoint"),
@@ -70,8 +72,30 @@ def wait_for_saves(s: Session) -> None:
         s.checkpoints.wait()
 
 
+def save_allowance(s: Session, state: Any) -> float:
+    """save_allowance_s of the largest rank's state (this rank's `state` among them): every rank waits in
+    the save's collectives for the slowest writer, and one holding less ended a save another was still
+    writing within its allowance. Found once, at the first save, by one all_reduce watched as a save of
+    this rank's own bytes: a state's shapes never change, and no save after it adds a collective."""
+    minutes = s.cfg.trainer.hang_timeout_minutes
+    if s.save_bytes is None:
+        own = state_bytes(state)
+        with s.watchdog.saving(s.state.step, save_allowance_s(minutes, own)):
+            s.save_bytes = largest_on_any_rank(own, s.device)
+    return save_allowance_s(minutes, s.save_bytes)
+
+
+def largest_on_any_rank(value: int, device: torch.device) -> int:
+    """The largest of every rank's `value` (a collective every rank makes), `value` in one process."""
+    if not is_distributed():
+        return value
+    largest = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return int(largest.item())
+
+
 def save_allowance_s(hang_timeout_minutes: float, state_bytes: int) -> float:
-    """How long a save of `state_bytes` (this rank's) may take before the hang watchdog ends the job:
+    """How long a save of `state_bytes` (the largest rank's) may take before the hang watchdog ends the job:
     FIRST_STEP_FACTOR hang timeouts (50 min by default), or its bytes at SAVE_BYTES_PER_SECOND where
     longer (a 1.3B model's 16 GB: 11 min; 175B under TP8 x PP16, 22 GB a rank: 15 min), never past the
     process group's timeout less the diagnosis and grace: the other ranks wait in the save's collective

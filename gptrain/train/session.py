@@ -55,6 +55,8 @@ class Session:
     """The samples the train split was built for (its checkpoints record it: data_order)."""
     valid_split: Sequence[Any] | None = None
     """The validation split's samples, in order (its first ones are saved, as train_split's next)."""
+    save_bytes: int | None = None
+    """The largest rank's checkpoint state in bytes, for a save's hang allowance (saving.save_allowance)."""
     schedule_names: ScheduleNaming = names_in_config
     """`gptrain megatron` names its flags: in the start warnings and the line at a resume."""
     validation: tuple[int, float] | None = None
