@@ -125,7 +125,31 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
         node = node[key]
     if parts[0] == "training" and len(parts) > 1 and not override.form.add:
         check_training_key(cfg, ".".join(parts[1:]), override)
+    unset_for_the_users_order(cfg, override)
     return _set(cfg, override)
+
+
+def unset_for_the_users_order(cfg: DictConfig, override: Override) -> None:
+    """Remove the variables an env_vars override sets (`cluster.env_vars={IFACE: x, NCCL_SOCKET_IFNAME:
+    $IFACE}`, `cluster.env_vars.NAME=v`) so that setting them appends them in the user's order: set in
+    place, a profile's NCCL_SOCKET_IFNAME kept its place before the IFACE the user wrote first, and
+    was exported empty."""
+    parent_key, _, leaf = override.key.rpartition(".")
+    if leaf == "env_vars" and isinstance(override.value, dict):
+        mapping_key, names = override.key, list(override.value)
+    elif parent_key.rpartition(".")[2] == "env_vars":
+        mapping_key, names = parent_key, [leaf]
+    else:
+        return
+    above, _, name_of_mapping = mapping_key.rpartition(".")
+    holder = OmegaConf.select(cfg, above, throw_on_resolution_failure=False) if above else cfg
+    if not isinstance(holder, DictConfig) or OmegaConf.is_interpolation(holder, name_of_mapping):
+        return  # `env_vars: ${other}` is replaced, not edited
+    mapping = holder.get(name_of_mapping)
+    if isinstance(mapping, DictConfig):
+        for name in names:
+            if name in mapping:
+                del mapping[name]
 
 
 def list_index(node: Any, part: str, override: Override, where: str) -> int | None:

@@ -839,6 +839,28 @@ def test_an_env_var_overriding_the_profiles_comes_after_the_users_earlier_ones(t
     assert shell.stdout == "ens5|INFO"
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["cluster.env_vars={IFACE: ens5, NCCL_SOCKET_IFNAME: '$IFACE'}"],
+        ["cluster.env_vars.IFACE=ens5", "cluster.env_vars.NCCL_SOCKET_IFNAME=$IFACE"],
+    ],
+)
+def test_a_cluster_env_vars_override_of_the_profiles_variable_takes_the_users_place(tmp_path, given):
+    """The order fix above covered env_vars only: `cluster.env_vars` overrides (the key the docs name
+    for changing a profile's variable) set NCCL_SOCKET_IFNAME in the profile's place, before the
+    IFACE the user wrote first, so it was exported empty. An overridden key moves into the user's
+    order, for a mapping and for dotted keys alike."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "cluster=aws_p4d"]
+    [path] = write_run_files(build_plan(compose([*args, *given])), args)
+    exports = [line for line in path.read_text().splitlines() if line.startswith("export ")]
+    names = [line[len("export ") :].partition("=")[0] for line in exports]
+    assert names.index("NCCL_SOCKET_IFNAME") == names.index("IFACE") + 1
+    script = "\n".join([*exports, 'printf "%s" "$NCCL_SOCKET_IFNAME"'])
+    shell = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, env={})
+    assert shell.stdout == "ens5"
+
+
 def test_srun_args_given_as_one_string_are_split_into_options(tmp_path):
     """`cluster.srun_args: "--mpi=pmix -l"` (an srun line's options copied whole) reached srun as one
     word, `'--mpi=pmix -l'`, which srun cannot read. A string is split as a shell splits it."""
