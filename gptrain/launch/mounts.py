@@ -257,7 +257,7 @@ def check_run_dirs_shown(ours: list[tuple[str, str]], entries: list[str]) -> Non
     """A user mount over a run directory lands on top of gptrain's (theirs come after), so the job
     found the mount's source there, without its config, after the queue wait. Refused, unless the
     source is that directory (`/fsx` a symlink to `/lustre`); of several over it, pyxis mounts the
-    last on top."""
+    last on top. A read-only one (`/r4:/r4:ro`) shows it but leaves the job unable to write there."""
     for key, path in ours:
         covering = [entry for entry in entries if is_visible(path, [parse_mount(entry)])]
         if key not in RUN_DIR_KEYS or not covering:
@@ -271,6 +271,18 @@ def check_run_dirs_shown(ours: list[tuple[str, str]], entries: list[str]) -> Non
                 f" {found} there, not the run directory the launch writes its config to; mount {dst} itself"
                 f" there, or move the run directory (base_results_dir, {key}) outside {dst}"
             )
+        if "ro" in mount_flags(covering[-1]):  # it shows the directory, and gptrain's rw mount is left out
+            raise ConfigError(
+                f"container_mounts: {covering[-1]!r} mounts {key} ({path}) read-only, and the run directory"
+                " must be writable (the job writes its log, config and checkpoints there): drop ro from it,"
+                f" or mount {path} writable after it"
+            )
+
+
+def mount_flags(text: str) -> list[str]:
+    """The flags of pyxis's `SRC:DST:FLAGS` (several joined by '+', as `rbind+ro`)."""
+    parts = text.split(":")
+    return parts[2].split("+") if len(parts) > 2 else []
 
 
 def cannot_mount(key: str, path: str, why: str) -> LaunchError:

@@ -189,6 +189,30 @@ def test_a_user_mount_over_the_run_directory_is_refused_unless_it_shows_that_dir
     )  # base_results_dir covered, the run directory not: the job reads nothing there
 
 
+def test_a_read_only_user_mount_over_the_run_directory_is_refused(tmp_path, monkeypatch):
+    """`/r4:/r4:ro` shows the run directory, so it passed the check above, and gptrain left its own
+    writable mount out: the job started after the queue wait unable to write its log, config copy or
+    checkpoints. Refused in one line naming the mount; a writable mount after it (the last counts) passes."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r4").mkdir()
+    args = ["cluster_type=slurm", "container=img", f"base_results_dir={tmp_path}/r4/results", *CPU]
+    run_dir = f"{tmp_path}/r4/results/gpt3_126m"
+    for mount in (
+        f"{tmp_path}/r4:{tmp_path}/r4:ro",
+        f"{tmp_path}/r4/results/:{tmp_path}/r4/results:rbind+ro",
+    ):
+        with pytest.raises(ConfigError) as error:
+            build_plan(compose([*args, f"container_mounts=[{mount}]"]))
+        assert str(error.value) == (
+            f"container_mounts: '{mount}' mounts training.run.results_dir ({run_dir}) read-only, and the"
+            " run directory must be writable (the job writes its log, config and checkpoints there): drop"
+            f" ro from it, or mount {run_dir} writable after it"
+        )
+    writable = [f"{tmp_path}/r4:{tmp_path}/r4:ro", f"{tmp_path}/r4/results"]
+    plan = build_plan(compose([*args, f"container_mounts=[{','.join(writable)}]"]))
+    assert plan.top["container_mounts"][-2:] == writable
+
+
 def test_a_nemo_tree_is_mounted_with_its_results_and_data(tmp_path, monkeypatch):
     """NeMo's config.yaml sets a container: the conf tree, results and data all reach the job."""
     monkeypatch.chdir(tmp_path)
