@@ -70,8 +70,18 @@ SBATCH_REFUSED = {
 
 
 def keeps_the_environment(option: str, value: Any) -> bool:
-    """`export: ALL` (or `ALL,NAME=value`): Slurm's default, the whole environment kept, harmless."""
-    return option == "export" and str(value).split(",")[0].strip().upper() == "ALL"
+    """`export: ALL` (or `ALL,NAME=value`, `NAME=value,ALL`): Slurm's default, the whole environment
+    kept, harmless. srun and sbatch read the whole list: any item ALL (any case) keeps it, and they
+    stop reading at an item NONE; only the first item was looked at, so `NAME=value,ALL` was refused."""
+    if option != "export":
+        return False
+    for item in str(value).split(","):
+        word = item.strip().upper()
+        if word == "NONE":
+            return False
+        if word == "ALL":
+            return True
+    return False
 
 
 # sbatch's options besides --mem (cluster.mem): it refuses any two of the three ("mutually exclusive").

@@ -64,13 +64,15 @@ def check_export_keeps_the_environment(key: str, args: list[str]) -> None:
     come after gptrain's --export=ALL: every step failed as it started, after the queue wait
     (execve(): bash: No such file or directory), without PATH, env_vars or the rendezvous variables.
     `--export` last takes no value here: srun would read the `bash` that follows as its value. A
-    wrapper's own option (`nsys profile --export=sqlite`) is no srun option."""
+    wrapper's own option (`nsys profile --export=sqlite`) is no srun option. Of several, srun takes
+    the last."""
     options = srun_option_words(args)
+    exports = []  # (the word, its value); srun takes the last one given
     for index, arg in enumerate(options):
         name, equals, value = arg[2:].partition("=")
-        if not arg.startswith("--") or srun_long_option(name) != "export":
-            continue
-        given = value if equals else (args[index + 1] if index + 1 < len(args) else "")
+        if arg.startswith("--") and srun_long_option(name) == "export":
+            exports.append((arg, value if equals else (args[index + 1] if index + 1 < len(args) else "")))
+    for arg, given in exports[-1:]:
         if not keeps_the_environment("export", given):
             raise ConfigError(
                 f"{key}: {arg!r} sets srun's --export without ALL, so the ranks would start without PATH,"

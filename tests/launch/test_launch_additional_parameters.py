@@ -125,7 +125,7 @@ def test_export_is_refused_naming_env_vars(tmp_path, monkeypatch, key, spelt):
     assert "\n" not in message and not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("value", ["ALL", "all,NCCL_DEBUG=INFO"])
+@pytest.mark.parametrize("value", ["ALL", "all,NCCL_DEBUG=INFO", "NCCL_DEBUG=INFO,ALL"])
 def test_export_all_keeps_the_environment_and_is_passed(tmp_path, monkeypatch, value):
     """Slurm's default, the whole environment kept: a cluster file that set it launched before the
     refusal of --export=NONE, and was refused with it."""

@@ -760,6 +760,24 @@ def test_srun_args_that_export_less_than_all_are_refused(tmp_path, given, word):
         build_plan(compose([*args, f"cluster.srun_args={given}"]))
 
 
+def test_an_srun_export_keeps_the_environment_with_all_anywhere_before_none_and_the_last_one_counts(tmp_path):
+    """srun walks the whole --export list and keeps the environment when any item before a NONE is
+    ALL (any case): `--export=FOO=1,ALL` was refused as "without ALL". The last --export given is the
+    one srun takes, so `--export=NONE --export=ALL` keeps it and `--export=ALL --export=FOO=1` does not."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU]
+    for given in ("['--export=FOO=1,ALL']", "['--export=FOO=1,all,BAR=2']", "[--export=NONE,--export=ALL]"):
+        build_plan(compose([*args, f"cluster.srun_args={given}"]))
+    for given, word in (
+        ("['--export=FOO=1,NONE,ALL']", "--export=FOO=1,NONE,ALL"),  # srun stops reading at NONE
+        ("[--export=ALL,--export=FOO=1]", "--export=FOO=1"),
+        ("['--export=FOO=1,ALLX']", "--export=FOO=1,ALLX"),
+    ):
+        with pytest.raises(
+            ConfigError, match=f"^cluster.srun_args: '{word}' sets srun's --export without ALL"
+        ):
+            build_plan(compose([*args, f"cluster.srun_args={given}"]))
+
+
 def test_an_ambiguous_srun_option_prefix_is_left_to_srun(tmp_path):
     """`--nod` could be --nodefile, --nodelist or --nodes, and `--c` many: srun refuses such a
     prefix itself; the checks take a word after it for its value, as after an option they do not know."""
