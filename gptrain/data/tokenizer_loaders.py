@@ -137,20 +137,39 @@ and 5 set the ByteLevel pre-tokenizer's add_prefix_space to tokenizer_config.jso
 whatever tokenizer.json says (PreTrainedTokenizerFast keeps tokenizer.json's: checked on 5.24)."""
 
 
+_GPT2_MODEL_TYPES = (
+    *("blip-2", "codegen", "dbrx", "emu3", "gpt2", "gpt_neo", "gptj", "hyperclovax_vision_v2"),
+    *("instructblip", "instructblipvideo", "jais2", "opt", "phi", "starcoder2"),
+)
+_NEOX_MODEL_TYPES = ("falcon_mamba", "gpt_neox", "mamba", "mamba2", "mpt", "olmo", "olmoe", "rwkv", "xlstm")
 MODEL_TYPE_CLASSES = {
-    "gpt2": "GPT2Tokenizer",
-    "gpt_neo": "GPT2Tokenizer",
-    "gptj": "GPT2Tokenizer",
-    "gpt_neox": "GPTNeoXTokenizer",
+    **dict.fromkeys(_GPT2_MODEL_TYPES, "GPT2Tokenizer"),
+    **dict.fromkeys(_NEOX_MODEL_TYPES, "GPTNeoXTokenizer"),
 }
-"""config.json model types whose tokenizer class has rules here (BYTE_LEVEL_CLASSES), as
-transformers' TOKENIZER_MAPPING names them (the same in 4.x and 5.24)."""
+"""config.json model types whose tokenizer class has rules here (BYTE_LEVEL_CLASSES), as transformers
+5.24's TOKENIZER_MAPPING_NAMES names them: read only where transformers is not installed
+(model_type_class); the four of gpt2, gpt_neo, gptj and gpt_neox alone left OPT, MPT, OLMo, ...
+encoded otherwise than AutoTokenizer (4.x maps phi and codegen to CodeGenTokenizer)."""
+
+
+def model_type_class(model_type: str) -> str | None:
+    """The tokenizer class AutoTokenizer builds for config.json's `model_type`, from the installed
+    transformers' TOKENIZER_MAPPING_NAMES (4.x: a (slow, fast) pair; 5.x: one name), which is the
+    one AutoTokenizer reads; MODEL_TYPE_CLASSES where transformers is not installed."""
+    try:
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+    except ImportError:
+        return MODEL_TYPE_CLASSES.get(model_type)
+    entry = TOKENIZER_MAPPING_NAMES.get(model_type)
+    if isinstance(entry, tuple):
+        entry = next((name for name in entry if name), None)
+    return entry if isinstance(entry, str) else None
 
 
 def _class_name(config: dict[str, Any], directory: Path) -> str:
     """The class AutoTokenizer (transformers 4 and 5) builds for the tokenizer in `directory`,
     without its Fast: tokenizer_config.json's (`config`) tokenizer_class; where it names none,
-    config.json's tokenizer_class, else its model_type's class (MODEL_TYPE_CLASSES; "" for others).
+    config.json's tokenizer_class, else its model_type's class (model_type_class; "" for others).
     A config.json that does not read as a JSON object names none."""
     name = config.get("tokenizer_class")
     if not isinstance(name, str) or not name:
@@ -160,7 +179,7 @@ def _class_name(config: dict[str, Any], directory: Path) -> str:
             model = {}
         name, model_type = model.get("tokenizer_class"), model.get("model_type")
         if (not isinstance(name, str) or not name) and isinstance(model_type, str):
-            name = MODEL_TYPE_CLASSES.get(model_type)
+            name = model_type_class(model_type)
     return name.removesuffix("Fast") if isinstance(name, str) else ""
 
 

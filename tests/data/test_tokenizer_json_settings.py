@@ -143,6 +143,11 @@ def test_data_prepare_writes_transformers_ids_and_prints_the_note(tmp_path, caps
         pytest.param({"model_type": "gpt_neo"}, {}, id="gpt_neo"),
         pytest.param({"model_type": "gptj"}, {}, id="gptj"),
         pytest.param({"model_type": "gpt_neox"}, {}, id="gpt_neox"),
+        # model types transformers maps to the same two classes (OPT's Hub files name no class)
+        pytest.param({"model_type": "opt"}, {}, id="opt"),
+        pytest.param({"model_type": "starcoder2"}, {}, id="starcoder2"),
+        pytest.param({"model_type": "mpt"}, {}, id="mpt"),
+        pytest.param({"model_type": "olmo"}, {}, id="olmo"),
         pytest.param(
             {"model_type": "gpt2", "tokenizer_class": "GPTNeoXTokenizerFast"}, {}, id="config-class"
         ),
@@ -173,3 +178,30 @@ def test_a_class_named_only_in_config_json_is_the_class_autotokenizer_builds(
     tokenizer = build_tokenizer("HuggingFaceTokenizer", model=directory)
     for text in ("it's a test", "hello world", " it's"):
         assert tokenizer.encode(text) == reference(text).input_ids, text
+
+
+def test_the_model_type_class_is_the_installed_transformers_and_the_table_without_it(monkeypatch):
+    """config.json's model_type maps to AutoTokenizer's class as the installed transformers' table
+    names it (4 of the ~23 types mapped to GPT2Tokenizer/GPTNeoXTokenizer were known); without
+    transformers, MODEL_TYPE_CLASSES holds 5.24's mapping for the two classes gptrain has rules for."""
+    import sys
+
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    from gptrain.data.tokenizer_loaders import BYTE_LEVEL_CLASSES, MODEL_TYPE_CLASSES, model_type_class
+
+    installed = {
+        model_type: name for model_type, name in TOKENIZER_MAPPING_NAMES.items() if name in BYTE_LEVEL_CLASSES
+    }
+    if transformers.__version__ == "5.24.0":
+        assert installed == MODEL_TYPE_CLASSES and len(installed) == 23
+    for model_type in ("opt", "starcoder2", "mpt", "olmo", "llama", "bert", "no_such_type"):
+        assert model_type_class(model_type) == TOKENIZER_MAPPING_NAMES.get(model_type), model_type
+    monkeypatch.setitem(TOKENIZER_MAPPING_NAMES, "opt", ("GPT2Tokenizer", "GPT2TokenizerFast"))  # 4.x pairs
+    monkeypatch.setitem(TOKENIZER_MAPPING_NAMES, "mpt", (None, "GPTNeoXTokenizerFast"))
+    assert model_type_class("opt") == "GPT2Tokenizer" and model_type_class("mpt") == "GPTNeoXTokenizerFast"
+    monkeypatch.setitem(sys.modules, "transformers.models.auto.tokenization_auto", None)  # not importable
+    for model_type in ("opt", "starcoder2", "mpt", "olmo", "llama", "no_such_type"):
+        assert model_type_class(model_type) == MODEL_TYPE_CLASSES.get(model_type), model_type
+    assert model_type_class("mpt") == "GPTNeoXTokenizer" and model_type_class("llama") is None
