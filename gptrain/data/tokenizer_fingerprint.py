@@ -138,10 +138,43 @@ def difference(
     encodes = [(recorded.get(key), live.get(key)) for key in ("encodes", "encodes_compat")]
     if same_tokens and any(None not in pair and pair[0] != pair[1] for pair in encodes):
         return (
-            "the same tokens, but text is encoded otherwise (other merges, pre-tokenizer or normalizer, or a bos "
+            f"{ENCODED_OTHERWISE} (other merges, pre-tokenizer or normalizer, or a bos "
             f"put first{'; ' + types if types else ''}): {consequences.encodes}"
         )
     return None
+
+
+ENCODED_OTHERWISE = "the same tokens, but text is encoded otherwise"
+
+READING_CHANGED = (
+    "the data names these same files, read as the same type: where they are unchanged since, gptrain's reading"
+    " of them changed (it now takes the tokenizer class named only in config.json, by tokenizer_class or"
+    " model_type, and a --legacy-tokenizer merges.txt without its #version header or final newline, as"
+    " transformers and Megatron read them), so data prepared before encodes text otherwise than gptrain,"
+    " transformers and Megatron now do: re-tokenize it (gptrain data prepare)"
+)
+KEEP_JSON_AS_IT_IS = (
+    ", or keep the earlier reading of a tokenizer.json by naming its class in tokenizer_config.json"
+    ' ("tokenizer_class": "PreTrainedTokenizerFast"), which transformers too then reads as it is'
+)
+
+
+def reading_changed_advice(record: dict[str, Any], live: dict[str, Any], why: str, allow: str) -> str | None:
+    """The advice where the data names the run's own files as the same type and only their encoding
+    differs: pointing at "the files the data was tokenized with" misled, as these are they; what
+    changed may be gptrain's reading of them (data prepared before it read config.json's class, or a
+    merges.txt without its header, as transformers and Megatron do). None otherwise."""
+    from gptrain.utils.tokenizer_types import megatron_tokenizer_type
+
+    recorded = record.get("vocabulary") or {}
+    kind = megatron_tokenizer_type(record.get("type")) or record.get("type")
+    same = recorded.get("files") and recorded.get("files") == live.get("files")
+    if not (same and kind == (megatron_tokenizer_type(live.get("type")) or live.get("type"))):
+        return None
+    if not why.startswith(ENCODED_OTHERWISE) or recorded.get("tokens") != live.get("tokens"):
+        return None
+    keep = KEEP_JSON_AS_IT_IS if kind == "HuggingFaceTokenizer" else ""
+    return f"{READING_CHANGED}{keep}" + (f", or {allow} to go on with this one" if allow else "")
 
 
 def same_files_other_types(record: dict[str, Any], live: dict[str, Any]) -> tuple[str, str] | None:
@@ -211,7 +244,7 @@ def vocabulary_conflict(
         point = f"point {keys} at the files the data was tokenized with"
         if read_as is not None:
             point = f"set {run}.type={read_as[0]}, as the data was tokenized"
-        advice = (
+        advice = reading_changed_advice(record, current[0], why, allow) or (
             f"re-tokenize the data with {run}'s files (gptrain data prepare), or {point}, or {allow} to go on "
             "with this one"
         )

@@ -205,3 +205,52 @@ def test_the_model_type_class_is_the_installed_transformers_and_the_table_withou
     for model_type in ("opt", "starcoder2", "mpt", "olmo", "llama", "no_such_type"):
         assert model_type_class(model_type) == MODEL_TYPE_CLASSES.get(model_type), model_type
     assert model_type_class("mpt") == "GPTNeoXTokenizer" and model_type_class("llama") is None
+
+
+def test_data_read_before_the_class_fallback_is_refused_saying_gptrains_reading_changed(
+    tmp_path, monkeypatch
+):
+    """Data prepared from an OPT-like directory (config.json's model_type alone names the class) before
+    gptrain read that class is refused now, rightly; but the advice was to point the run at "the files
+    the data was tokenized with", which are these same files. It says gptrain's reading of them changed,
+    and how to keep the earlier one; that way, named in tokenizer_config.json, the data is taken."""
+    import json
+
+    from gptrain.data import tokenizer_loaders
+    from gptrain.data.tokenizer_fingerprint import fingerprint, vocabulary_conflict
+    from gptrain.data.tokenizer_record import write_tokenizer_record
+
+    directory = _byte_level_dir(tmp_path / "tok", True, {}, bos_template=True)
+    (tmp_path / "tok" / "config.json").write_text(json.dumps({"model_type": "opt"}))
+    files = [f"{directory}/tokenizer.json"]
+    with monkeypatch.context() as before:  # gptrain's reading before: no class from config.json
+        before.setattr(tokenizer_loaders, "model_type_class", lambda model_type: None)
+        recorded, _ = fingerprint(build_tokenizer("HuggingFaceTokenizer", model=directory), files)
+    prefix = str(tmp_path / "data_text_document")
+    write_tokenizer_record(prefix, "HuggingFaceTokenizer", False, vocabulary=recorded)
+
+    def live():
+        entry, table = fingerprint(build_tokenizer("HuggingFaceTokenizer", model=directory), files)
+        return entry | {"type": "HuggingFaceTokenizer"}, table
+
+    allow = "exp_manager.allow_tokenizer_change=true"
+    args = ("model.tokenizer", "model.tokenizer.model", "model.data.data_prefix", allow)
+    why, advice = vocabulary_conflict([prefix], live, *args)
+    assert "the same tokens, but text is encoded otherwise" in why
+    assert advice.startswith(
+        "the data names these same files, read as the same type: where they are unchanged"
+    )
+    assert "gptrain's reading of them changed" in advice and "point model.tokenizer" not in advice
+    assert advice.endswith(
+        'naming its class in tokenizer_config.json ("tokenizer_class": "PreTrainedTokenizerFast"), which'
+        f" transformers too then reads as it is, or {allow} to go on with this one"
+    )
+    config = tmp_path / "tok" / "tokenizer_config.json"  # the way it names keeps the earlier ids
+    config.write_text(
+        json.dumps({**json.loads(config.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
+    assert vocabulary_conflict([prefix], live, *args) is None
+    other = _byte_level_dir(tmp_path / "other", True, {"tokenizer_class": "GPT2Tokenizer"}, bos_template=True)
+    files[0] = f"{other}/tokenizer.json"  # other files, encoded otherwise: pointing at the data's still fits
+    directory = other
+    assert "point model.tokenizer.model at the files" in vocabulary_conflict([prefix], live, *args)[1]
