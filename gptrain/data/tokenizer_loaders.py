@@ -147,29 +147,15 @@ MODEL_TYPE_CLASSES = {
     **dict.fromkeys(_NEOX_MODEL_TYPES, "GPTNeoXTokenizer"),
 }
 """config.json model types whose tokenizer class has rules here (BYTE_LEVEL_CLASSES), as transformers
-5.24's TOKENIZER_MAPPING_NAMES names them: read only where transformers is not installed
-(model_type_class); the four of gpt2, gpt_neo, gptj and gpt_neox alone left OPT, MPT, OLMo, ...
-encoded otherwise than AutoTokenizer (4.x maps phi and codegen to CodeGenTokenizer)."""
-
-
-def model_type_class(model_type: str) -> str | None:
-    """The tokenizer class AutoTokenizer builds for config.json's `model_type`, from the installed
-    transformers' TOKENIZER_MAPPING_NAMES (4.x: a (slow, fast) pair; 5.x: one name), which is the
-    one AutoTokenizer reads; MODEL_TYPE_CLASSES where transformers is not installed."""
-    try:
-        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
-    except ImportError:
-        return MODEL_TYPE_CLASSES.get(model_type)
-    entry = TOKENIZER_MAPPING_NAMES.get(model_type)
-    if isinstance(entry, tuple):
-        entry = next((name for name in entry if name), None)
-    return entry if isinstance(entry, str) else None
+5.24's TOKENIZER_MAPPING_NAMES names them (4.x maps phi and codegen to CodeGenTokenizer); the four of gpt2,
+gpt_neo, gptj and gpt_neox alone left OPT, MPT, OLMo, ... encoded otherwise than AutoTokenizer. A table,
+not the installed transformers' mapping: importing it imports torch, in every data-prepare worker."""
 
 
 def _class_name(config: dict[str, Any], directory: Path) -> str:
     """The class AutoTokenizer (transformers 4 and 5) builds for the tokenizer in `directory`,
     without its Fast: tokenizer_config.json's (`config`) tokenizer_class; where it names none,
-    config.json's tokenizer_class, else its model_type's class (model_type_class; "" for others).
+    config.json's tokenizer_class, else its model_type's class (MODEL_TYPE_CLASSES; "" for others).
     A config.json that does not read as a JSON object names none."""
     name = config.get("tokenizer_class")
     if not isinstance(name, str) or not name:
@@ -179,7 +165,7 @@ def _class_name(config: dict[str, Any], directory: Path) -> str:
             model = {}
         name, model_type = model.get("tokenizer_class"), model.get("model_type")
         if (not isinstance(name, str) or not name) and isinstance(model_type, str):
-            name = model_type_class(model_type)
+            name = MODEL_TYPE_CLASSES.get(model_type)
     return name.removesuffix("Fast") if isinstance(name, str) else ""
 
 
