@@ -19,7 +19,7 @@ from gptrain.train import builders
 
 
 def recorder(out: Path, failing: str, rank: int):
-    def recording_build(cfg, vocab, tokenizer, asked_by=None):
+    def recording_build(cfg, vocab, tokenizer, asked_by=None, note=None):
         done = sorted(int(path.name.split("_")[1]) for path in out.glob("done_*"))
         (out / f"entered_{rank}.json").write_text(json.dumps(done))
         time.sleep(0.5)
