@@ -349,7 +349,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         try:
             pending.written.result()
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-            if save_failures.saved(pending.report.path):  # marked, in place: `latest` or pruning failed
+            if save_failures.kept(pending.report.path):  # marked: `latest` or pruning failed
                 raise update_failed(self.root, pending.report.path, error) from error
             raise write_failed(self.root, pending.report.files_dir, error) from error
         return pending.report
@@ -389,7 +389,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         except CheckpointNotSharedError as error:
             return NOT_SHARED, str(error)
         except OSError as error:
-            if save_failures.saved(report.path):
+            if save_failures.kept(report.path):
                 return UPDATE_FAILED, str(update_failed(self.root, report.path, error))
             return WRITE_FAILED, str(write_failed(self.root, report.files_dir, error))
         return None

@@ -230,25 +230,42 @@ def unlinked_text(path: Path, target: str, why: str, target_removed: str | None 
 
 def replacing_dir(path: Path) -> Path:
     """Where a save of the step whose directory `path` is a symlink is written: a name no lookup takes
-    for a step, renamed to `path` (the link removed) once every file is on disk, before COMPLETE."""
+    for a step. Once every file is on disk its COMPLETE is written here, then it replaces the link
+    (`put_in_place`); a kill on the way is undone at the next resume (replace_recovery)."""
     return path.parent / f".{path.name}.replacing"
+
+
+def replaced_link(path: Path) -> Path:
+    """Where `put_in_place` moves the step symlink `path` while the save takes its name."""
+    return path.parent / f".{path.name}.replaced-link"
+
+
+class LinkNotPutBack(OSError):
+    """The save could not be renamed over a step symlink, nor the link put back: the complete save
+    and the link are both kept under their dot-names, for the next resume to put the save in place."""
 
 
 def put_in_place(written: Path, path: Path) -> None:
     """Replace the step symlink `path` with the save written (and marked) in `written`; the link's target
     untouched. The link is moved aside, the save renamed to `path`, then the old link removed: a failure
-    before the save's rename puts the link back, a crash between the renames leaves it under the
-    `.replaced-link` name, and one after leaves the save complete."""
+    before the save's rename puts the link back (where that fails too, LinkNotPutBack), a crash between
+    the renames leaves it under the `.replaced-link` name, and one after leaves the save complete: the
+    next resume puts each of these right (replace_recovery)."""
     if not path.is_symlink():  # removed meanwhile
         os.rename(written, path)
         fsync_directory(path.parent)
         return
-    aside = path.parent / f".{path.name}.replaced-link"
+    aside = replaced_link(path)
     os.rename(path, aside)  # atomic for the link itself
     try:
         os.rename(written, path)
-    except OSError:
-        os.rename(aside, path)
+    except OSError as error:
+        try:
+            os.rename(aside, path)
+        except OSError as put_back:
+            raise LinkNotPutBack(
+                f"renaming the save: {error.strerror or error}; putting the link back: {put_back.strerror or put_back}"
+            ) from None
         raise
     fsync_directory(path.parent)
     _unlink_saying_why_not(aside)

@@ -57,6 +57,7 @@ from gptrain.checkpoint.integrity import (
     verify_share,
 )
 from gptrain.checkpoint.rank_state import rank_file_read, rank_state_from, read_rank_state
+from gptrain.checkpoint.replace_recovery import recover_replaced_links
 from gptrain.errors import os_error_text
 from gptrain.utils.atomic import atomic_write_text
 
@@ -159,6 +160,8 @@ class CheckpointReader:
         when the newest sound one holds other tensors than the config builds.
         """
         problems, damaged = [], []
+        if self.rank == 0:  # before it lists them: the others wait in steps_of_rank_0's broadcast
+            recover_replaced_links(self.root)
         for step in reversed(steps_of_rank_0(self.root)):
             path = self.root / step_dir_name(step)
             loaded = self._verify_and_load(path, state_fn, apply, own_run=True)

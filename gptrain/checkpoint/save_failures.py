@@ -4,12 +4,14 @@ one rank 0 had not marked by then. Each says what was kept and what to do."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
 
 from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError, on_rank, root_cause
 from gptrain.checkpoint.integrity import COMPLETE, is_complete
+from gptrain.checkpoint.pruning import replaced_link, replacing_dir
 from gptrain.checkpoint.save_manifest import saving_world_size
 from gptrain.errors import os_error_text
 
@@ -55,7 +57,14 @@ def _remove_partial(path: Path) -> str | None:
 
 
 def update_failed(root: Path, path: Path, error: BaseException) -> CheckpointWriteError:
-    """A checkpoint marked complete stays: resume finds it by its marker, whatever `latest` says."""
+    """A checkpoint marked complete stays: resume finds it by its marker, whatever `latest` says; one
+    left beside a step symlink set aside (`set_aside`), the next resume puts in place."""
+    if not saved(path) and set_aside(path):
+        return CheckpointWriteError(
+            f"checkpoint {path} was saved as {replacing_dir(path).name}, but neither it nor the symlink it "
+            f"replaces (now {replaced_link(path).name}) could be renamed to {path.name} ({root_cause(error)}); "
+            f"both are kept and the next resume puts the save in place: fix permissions under {root}"
+        )
     return CheckpointWriteError(
         f"checkpoint {path} was saved, but updating {root} after it failed ({root_cause(error)}); "
         f"resume finds it by its {COMPLETE} marker: free space or fix permissions under {root}"
@@ -65,7 +74,7 @@ def update_failed(root: Path, path: Path, error: BaseException) -> CheckpointWri
 def given_up_text(root: Path, path: Path, error: BaseException) -> str:
     """finish_after_failure's line for a save that timed out or failed (DCP's CheckpointException,
     a dead peer)."""
-    if not isinstance(error, TimeoutError) and saved(path):
+    if not isinstance(error, TimeoutError) and kept(path):
         # marked complete, then `latest` or pruning failed: resume takes it, as `wait` says
         return str(update_failed(root, path, error))
     reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
@@ -85,6 +94,17 @@ def saved(path: Path) -> bool:
     there is the checkpoint it links to, another run's: a save over it is written beside it and
     replaces it only once marked (CheckpointManager._mark_complete)."""
     return not path.is_symlink() and is_complete(path)
+
+
+def set_aside(path: Path) -> bool:
+    """Whether a save over the step symlink `path` is complete under its dot-name, the link moved aside
+    and neither renamed back (pruning.LinkNotPutBack): the next resume puts the save in place."""
+    return not os.path.lexists(path) and is_complete(replacing_dir(path))
+
+
+def kept(path: Path) -> bool:
+    """Whether the save of `path` is kept for a resume (`saved`, or `set_aside`): not removed on a failure."""
+    return saved(path) or set_aside(path)
 
 
 def marked_within(path: Path, timeout_s: float) -> bool:

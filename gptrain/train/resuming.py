@@ -12,6 +12,7 @@ from gptrain.checkpoint.agreement import rank_0s
 from gptrain.checkpoint.directory import find_checkpoint
 from gptrain.checkpoint.fit import saved_sections
 from gptrain.checkpoint.integrity import complete_steps
+from gptrain.checkpoint.replace_recovery import recover_replaced_links
 from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError
 from gptrain.parallel.rng import stream_layout
@@ -36,7 +37,14 @@ def checkpoint_to_start_from(cfg: TrainingConfig) -> Path | None:
     if not em.resume_from_checkpoint:
         return None
     own, source = Path(em.checkpoints_dir), em.resume_from_checkpoint
-    if rank_0s(lambda: bool(em.resume_if_exists and complete_steps(own))):  # one collective on every rank
+
+    def resumable() -> bool:  # rank 0's, after putting right what a kill in a save over a step link left
+        if not em.resume_if_exists:
+            return False
+        recover_replaced_links(own)
+        return bool(complete_steps(own))
+
+    if rank_0s(resumable):  # one collective on every rank
         return None  # a requeued job continues its own run, not the one it started from
     return rank_0s(lambda: find_checkpoint(source))
 
