@@ -105,29 +105,39 @@ def _stop_if_asked(stop_check: StopCheck | None) -> None:
         raise EvaluationStopped(reason)
 
 
+def _draw(setup: EvalSetup, loader) -> dict | None:
+    """The loader's next micro-batch (None at its end), noted as this rank's loading."""
+    with setup.loading() if setup.loading is not None else contextlib.nullcontext():
+        return next(loader, None)
+
+
 def _evaluate_local(setup: EvalSetup, loader, num_batches: int, stop_check: StopCheck | None) -> EvalResult:
     opts = setup.step_opts
     loss_sum = torch.zeros((), dtype=torch.float64, device=setup.device)
     tokens = torch.zeros((), dtype=torch.float64, device=setup.device)
-    seen = 0
+    batches = 0
     with contextlib.ExitStack() as watching:  # one global batch's watch at a time
-        for _, microbatch in zip(range(num_batches * setup.num_microbatches), loader, strict=False):
-            if seen % setup.num_microbatches == 0:
-                watching.close()
-                watching.enter_context(_watched(setup, seen // setup.num_microbatches + 1))
-                _stop_if_asked(stop_check)
-            batch = to_device(microbatch, setup.device)
-            with autocast(setup.device.type, opts.precision):
-                loss_sum += opts.loss_fn(setup.model, batch).double()
-            tokens += batch["loss_mask"].sum().double()
-            seen += 1
+        while batches < num_batches:
+            # every micro-batch is drawn inside its global batch's watch: a loader hung on every rank
+            # at once (a dead data mount) before a batch's first micro-batch is a hang the watch sees
+            watching.close()
+            watching.enter_context(_watched(setup, batches + 1))
+            _stop_if_asked(stop_check)
+            drawn = 0
+            while drawn < setup.num_microbatches and (microbatch := _draw(setup, loader)) is not None:
+                batch = to_device(microbatch, setup.device)
+                with autocast(setup.device.type, opts.precision):
+                    loss_sum += opts.loss_fn(setup.model, batch).double()
+                tokens += batch["loss_mask"].sum().double()
+                drawn += 1
+            batches += drawn > 0
+            if drawn < setup.num_microbatches:  # the data ended
+                break
         watching.close()
         with _watched(setup, None):
             total_tokens = opts.reduce_sum(tokens)
             loss = opts.reduce_sum(loss_sum) / total_tokens.clamp(min=1)
-            return EvalResult(
-                float(loss.item()), int(total_tokens.item()), -(-seen // setup.num_microbatches)
-            )
+            return EvalResult(float(loss.item()), int(total_tokens.item()), batches)
 
 
 def _evaluate_parallel(

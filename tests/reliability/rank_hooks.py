@@ -15,7 +15,8 @@ python rank_hooks.py signal-in-test RANK gptrain-args...   that rank gets SIGUSR
 python rank_hooks.py stop-in-train-load RANK ITERATION gptrain-args...   that rank's training loader
                                                             never gives the batch of ITERATION
 python rank_hooks.py stop-in-validation RANK gptrain-args...   that rank's validation loader never
-                                                            gives its first micro-batch (a hung data mount)
+                                                            gives its first micro-batch (a hung data mount);
+                                                            RANK -1: every rank's (a dead shared mount)
 python rank_hooks.py signal-in-startup RANK gptrain-args...   that rank gets SIGTERM while it loads
                                                             the checkpoint (start-up, before step 1)
 python rank_hooks.py nan-from RANK ITERATION gptrain-args...   that rank's training loss is NaN from
@@ -144,14 +145,14 @@ def stop_in_validation(stopped_rank: int) -> None:
     validating = {"now": False}
 
     def noting_the_validation(s, data, batches, where, tag, *stop_check):
-        validating["now"] = tag != TB_TEST_LOSS and s.world.rank == stopped_rank
+        validating["now"] = tag != TB_TEST_LOSS and stopped_rank in (s.world.rank, -1)
         return evaluate_split(s, data, batches, where, tag, *stop_check)
 
     def never_delivering(*args, **kwargs):
         loader = build_loader(*args, **kwargs)
         if not validating["now"]:
             return loader
-        print(f"rank {stopped_rank}: its validation data never comes", file=sys.stderr, flush=True)
+        print(f"rank {stopped_rank}: its validation data never comes", file=sys.stderr, flush=True)  # -1: all
         return iter(lambda: time.sleep(3600), object())  # a read that never returns
 
     eval_splits.evaluate_split = noting_the_validation

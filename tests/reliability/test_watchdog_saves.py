@@ -185,3 +185,29 @@ def test_a_rank_whose_training_loader_hangs_is_named_as_loading(tmp_path):
         )
         assert "inside iteration 4, loading its micro-batches (" in line, line
         assert "which rank(s) 0 finished, waiting in iteration 4" in line, line
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("stopped", ["1", "-1"])
+def test_a_rank_whose_local_validation_loader_hangs_is_named_as_loading(tmp_path, stopped):
+    """Without TP/PP the evaluation drew each global batch's first micro-batch before the batch's watch:
+    a loader hung there left its rank in no section, and every rank's loader hung at once (-1: a dead
+    shared data mount) fired nothing until Slurm's time limit. Now drawn inside global batch 1's watch."""
+    hooked = [sys.executable, HOOKS, "stop-in-validation", stopped]
+    settings = ["trainer.max_steps=100", "trainer.hang_timeout_minutes=0.05"]  # 3 s
+    validation = ["trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
+    processes = start_ranks(tmp_path / "run", [*settings, *validation], program=hooked)
+    outputs = finish_ranks(processes, timeout=120)
+    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    host = socket.gethostname()
+    for _, err in outputs:
+        line = next(x for x in err.splitlines() if "hang: " in x)
+        if stopped == "-1":  # both busy loading: nobody to single out, but the hang is caught
+            assert "hang: all 2 ranks are inside global batch 1 of the validation after iteration 3" in line
+            continue
+        assert (
+            f"hang: stuck rank 1 on host {host} (pid {processes[1].pid}), last seen inside global batch 1"
+            in line
+        ), line
+        assert "of the validation after iteration 3, loading its micro-batches" in line, line
