@@ -201,3 +201,42 @@ def gathered_checksums(step_dir: Path, own: dict[str, str | None], world_size: i
             continue
     merged.update(own)
     return merged
+
+
+class OwnWork:
+    """A background write's own work (its directory, its files, rank 0's metadata), noted by the writer
+    from its thread (a checksum_writer.Note) and passed on to the run's note only while the training
+    thread waits for that write (`waited_for`): training beside the write is never noted with it, and
+    a rank whose writer waits in DCP's gathers for a peer's write is not noted, so that the hang's
+    line names the rank whose own write hangs, not every rank waiting at the next save."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy = False
+        self._waiting: tuple[Note, str] | None = None
+
+    def __call__(self, what: str | None) -> None:
+        with self._lock:
+            self._busy = what is not None
+            if self._waiting is not None:
+                note, waited = self._waiting
+                note(waited if self._busy else None)
+
+    @contextmanager
+    def waited_for(self, note: Note | None, step_dir: str) -> Iterator[None]:
+        """Noted while the training thread waits here for the write of `step_dir` and the writer is busy
+        with its own work; cleared on leaving, before the collective that agrees on the write."""
+        what = f"waiting for its background write of {step_dir}"
+        if note is None:
+            yield
+            return
+        with self._lock:
+            self._waiting = (note, what)
+            if self._busy:
+                note(what)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiting = None
+                note(None)

@@ -44,7 +44,7 @@ from gptrain.checkpoint import save_failures
 from gptrain.checkpoint.agreed_staging import AgreedStager
 from gptrain.checkpoint.agreement import first_on_any_rank, is_distributed
 from gptrain.checkpoint.background_save import background_save_group, first_failure, marked_when_written
-from gptrain.checkpoint.checksum_writer import PREPARING, ChecksummingWriter, Note, noted
+from gptrain.checkpoint.checksum_writer import PREPARING, ChecksummingWriter, Note, OwnWork, noted
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_dir_name
 from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError
@@ -180,7 +180,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
                 background=in_background,
                 direct_io=self.direct_io,
                 own_files={f"rank_{self.rank}.pt": rank_state_bytes(rank_state)},
-                note=None if in_background else self.note,  # a background write outlasts the save's watch
+                note=None if in_background else self.note,  # a background write's: OwnWork, below
             )
             if in_background:
                 self.wait_for_preparation()  # the buffer being pinned ahead is the one this save fills
@@ -200,6 +200,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
 
     def _start_background_save(self, report: SaveReport, state: dict[str, Any], started: float) -> None:
         """`report`: this save's, its stall set here once the write has started."""
+        own_work = self._writer.note = OwnWork()  # the write outlasts the save's watch
         response = dcp.async_save(
             state,
             checkpoint_id=str(report.files_dir),
@@ -214,7 +215,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         report.stall_s = time.perf_counter() - started
         checksums = self._writer.checksums if self._writer else {}
         mark = (lambda: self._mark_complete(report, checksums)) if self.rank == 0 else None
-        self._pending = Pending(report, marked_when_written(upload, mark, report, started), staging)
+        self._pending = Pending(report, marked_when_written(upload, mark, report, started), staging, own_work)
 
     def prepare_staging(self, state: dict[str, Any]) -> None:
         """Allocate the pinned staging buffer for states shaped like `state` now, in a background
@@ -347,7 +348,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         self.wait_for_staging()
         self._pending = None
         try:
-            pending.written.result()
+            with pending.own_work.waited_for(self.note, pending.report.path.name):  # this rank's own write
+                pending.written.result()
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             if save_failures.kept(pending.report.path):  # marked: `latest` or pruning failed
                 raise update_failed(self.root, pending.report.path, error) from error

@@ -5,10 +5,14 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptrain.checkpoint.directory import size_text, step_dir_bytes, step_dir_name
 from gptrain.checkpoint.pruning import unlinked_text
 from gptrain.checkpoint.retention import Removal
+
+if TYPE_CHECKING:
+    from gptrain.checkpoint.checksum_writer import OwnWork
 
 
 @dataclass
@@ -77,3 +81,5 @@ class Pending:
     written: Future
     """Done when every file is on disk and, on rank 0, the save is marked complete."""
     staging: Future | None
+    own_work: OwnWork
+    """What the write does on its own, noted while the training thread waits for it."""

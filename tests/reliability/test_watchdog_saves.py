@@ -87,9 +87,43 @@ def test_a_save_notes_only_the_ranks_own_work_each_cleared_before_a_collective(t
     manager.save(2, {"model": {"w": torch.ones(2)}}, {"rng": torch.tensor([1])})
     manager.close()
     own = [PREPARING] * 3  # rank 0's clearing of the step, its lstat, its mkdir
-    if not async_save:  # a background write outlasts the save's watch: never noted
+    if not async_save:
         own += [PREPARING, WRITING, "writing the checkpoint's metadata", "marking its checkpoint complete"]
+    else:  # a background write outlasts the save's watch: noted only while close() waits for it
+        waited, notes = notes[6:], notes[:6]
+        assert set(waited) <= {"waiting for its background write of step_2", None}, waited
+        assert waited[-1] is None, waited
     assert notes == [x for what in own for x in (what, None)], notes
+
+
+def test_a_background_writes_own_work_is_noted_only_while_the_training_thread_waits_for_it():
+    """The wait for a rank's own previous background write read as a wait for the others: a rank whose
+    write hung was not named, every rank being inside the next save (review A, item 1)."""
+    from gptrain.checkpoint.checksum_writer import PREPARING, WRITING, OwnWork
+
+    notes = []
+    own = OwnWork()
+    own(WRITING)  # training goes on beside the write: not noted
+    assert notes == []
+    with own.waited_for(notes.append, "step_2"):  # busy as the wait begins
+        assert notes == ["waiting for its background write of step_2"]
+        own(None)  # its files written: its writer waits in DCP's gather for a peer's
+        assert notes[-1] is None
+        own(PREPARING)
+        assert notes[-1] == "waiting for its background write of step_2"
+    assert notes[-1] is None  # cleared before the collective that agrees on the write
+    own(WRITING)
+    assert notes == [
+        "waiting for its background write of step_2",
+        None,
+        "waiting for its background write of step_2",
+        None,
+    ]
+    own(None)
+    with own.waited_for(notes.append, "step_4"):  # idle: a wait for the others, not noted
+        assert notes[-1] is None and len(notes) == 4
+    with own.waited_for(None, "step_4"):  # no watchdog (gptrain eval, tests)
+        own(WRITING)
 
 
 @pytest.mark.distributed
@@ -211,3 +245,28 @@ def test_a_rank_whose_local_validation_loader_hangs_is_named_as_loading(tmp_path
             in line
         ), line
         assert "of the validation after iteration 3, loading its micro-batches" in line, line
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_whose_background_checkpoint_write_never_returns_is_named_at_the_next_save(tmp_path):
+    """Rank 1's background write of step 2's checkpoint never returns; training goes on, and at the next
+    save every rank waits for its previous write (rank 0's in DCP's gather of rank 1's results). The
+    line read "all 2 ranks are inside the checkpoint save of iteration 4", naming nobody."""
+    hooked = [sys.executable, HOOKS, "stop-in-save", "1", "2"]
+    settings = [
+        "trainer.max_steps=100",
+        "trainer.hang_timeout_minutes=0.05",  # 3 s
+        "exp_manager.checkpoint_callback_params.async_save=true",
+    ]
+    processes = start_ranks(tmp_path / "run", settings, program=hooked)
+    outputs = finish_ranks(processes, timeout=120)
+    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    host = socket.gethostname()
+    for _, err in outputs:
+        line = next(x for x in err.splitlines() if "hang: " in x)
+        assert f"hang: stuck rank 1 on host {host} (pid {processes[1].pid}), last seen inside the" in line, (
+            line
+        )
+        assert "checkpoint save of iteration 4, waiting for its background write of step_2 (" in line, line
+        assert "which rank(s) 0 finished, waiting in the checkpoint save of iteration 4" in line, line
