@@ -26,6 +26,15 @@ HOOKS = str(Path(__file__).with_name("rank_hooks.py"))
 GB = 10**9
 
 
+def hang_lines(tmp_path: Path, settings: list[str], hooked: list[str]) -> tuple[list, list[str]]:
+    """Two ranks of `hooked` under `settings` to their end: both must exit 76 (EXIT_HUNG); each rank's
+    hang line."""
+    processes = start_ranks(tmp_path / "run", settings, program=hooked)
+    outputs = finish_ranks(processes, timeout=120)
+    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    return processes, [next(x for x in err.splitlines() if "hang: " in x) for _, err in outputs]
+
+
 def test_a_save_gets_five_timeouts_or_its_bytes_at_a_slow_file_systems_speed():
     assert save_allowance_s(10, 16 * GB) == 50 * 60  # the default timeout's 5: more than 16 GB needs
     assert save_allowance_s(1, 16 * GB) == 16 * GB / 25e6 == 640  # a 1.3B model's whole state
@@ -138,13 +147,10 @@ def test_a_rank_whose_checkpoint_write_never_returns_ends_the_job_naming_it(tmp_
         "exp_manager.checkpoint_callback_params.async_save=false",
     ]
     started = time.monotonic()
-    processes = start_ranks(tmp_path / "run", settings, program=hooked)
-    outputs = finish_ranks(processes, timeout=120)
+    processes, lines = hang_lines(tmp_path, settings, hooked)
     assert time.monotonic() - started < 100
-    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
     host = socket.gethostname()
-    for _, err in outputs:
-        line = next(x for x in err.splitlines() if "hang: " in x)
+    for line in lines:
         assert line.startswith("gptrain: rank ") and f"hang: stuck rank 1 on host {host}" in line, line
         assert f"(pid {processes[1].pid}), last seen inside the checkpoint save of iteration 2" in line, line
         assert "writing its checkpoint files" in line and "which rank(s) 0 finished" in line, line
@@ -162,12 +168,9 @@ def test_a_rank_hung_before_its_checkpoint_write_is_named_not_the_ranks_waiting_
         "trainer.hang_timeout_minutes=0.05",  # 3 s
         "exp_manager.checkpoint_callback_params.async_save=false",
     ]
-    processes = start_ranks(tmp_path / "run", settings, program=hooked)
-    outputs = finish_ranks(processes, timeout=120)
-    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    processes, lines = hang_lines(tmp_path, settings, hooked)
     host = socket.gethostname()
-    for _, err in outputs:
-        line = next(x for x in err.splitlines() if "hang: " in x)
+    for line in lines:
         assert f"hang: stuck rank 1 on host {host} (pid {processes[1].pid}), last seen inside the" in line, (
             line
         )
@@ -186,12 +189,9 @@ def test_a_rank_whose_parallel_validation_loader_hangs_is_named_as_loading(tmp_p
     settings = ["trainer.max_steps=100", "trainer.hang_timeout_minutes=0.05"]  # 3 s
     validation = ["trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
     layout = ["model.tensor_model_parallel_size=2"]
-    processes = start_ranks(tmp_path / "run", [*settings, *validation, *layout], program=hooked)
-    outputs = finish_ranks(processes, timeout=120)
-    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    processes, lines = hang_lines(tmp_path, [*settings, *validation, *layout], hooked)
     host = socket.gethostname()
-    for _, err in outputs:
-        line = next(x for x in err.splitlines() if "hang: " in x)
+    for line in lines:
         assert (
             f"hang: stuck rank 1 on host {host} (pid {processes[1].pid}), last seen inside global batch 1"
             in line
@@ -207,12 +207,9 @@ def test_a_rank_whose_training_loader_hangs_is_named_as_loading(tmp_path):
     1's loader never delivers iteration 4's batch while rank 0 waits in that all-reduce."""
     hooked = [sys.executable, HOOKS, "stop-in-train-load", "1", "4"]
     settings = ["trainer.max_steps=100", "trainer.hang_timeout_minutes=0.05"]  # 3 s
-    processes = start_ranks(tmp_path / "run", settings, program=hooked)
-    outputs = finish_ranks(processes, timeout=120)
-    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    processes, lines = hang_lines(tmp_path, settings, hooked)
     host = socket.gethostname()
-    for _, err in outputs:
-        line = next(x for x in err.splitlines() if "hang: " in x)
+    for line in lines:
         assert (
             f"hang: stuck rank 1 on host {host} (pid {processes[1].pid}), last seen inside iteration 4"
             in line
@@ -231,12 +228,9 @@ def test_a_rank_whose_local_validation_loader_hangs_is_named_as_loading(tmp_path
     hooked = [sys.executable, HOOKS, "stop-in-validation", stopped]
     settings = ["trainer.max_steps=100", "trainer.hang_timeout_minutes=0.05"]  # 3 s
     validation = ["trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
-    processes = start_ranks(tmp_path / "run", [*settings, *validation], program=hooked)
-    outputs = finish_ranks(processes, timeout=120)
-    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    processes, lines = hang_lines(tmp_path, [*settings, *validation], hooked)
     host = socket.gethostname()
-    for _, err in outputs:
-        line = next(x for x in err.splitlines() if "hang: " in x)
+    for line in lines:
         if stopped == "-1":  # both busy loading: nobody to single out, but the hang is caught
             assert "hang: all 2 ranks are inside global batch 1 of the validation after iteration 3" in line
             continue
@@ -259,12 +253,9 @@ def test_a_rank_whose_background_checkpoint_write_never_returns_is_named_at_the_
         "trainer.hang_timeout_minutes=0.05",  # 3 s
         "exp_manager.checkpoint_callback_params.async_save=true",
     ]
-    processes = start_ranks(tmp_path / "run", settings, program=hooked)
-    outputs = finish_ranks(processes, timeout=120)
-    assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
+    processes, lines = hang_lines(tmp_path, settings, hooked)
     host = socket.gethostname()
-    for _, err in outputs:
-        line = next(x for x in err.splitlines() if "hang: " in x)
+    for line in lines:
         assert f"hang: stuck rank 1 on host {host} (pid {processes[1].pid}), last seen inside the" in line, (
             line
         )
