@@ -596,8 +596,13 @@ def test_a_rank_stopped_in_validation_ends_the_job_naming_it(tmp_path):
     for _, err in outputs:
         line = next(x for x in err.splitlines() if "hang: " in x)
         assert line.startswith("gptrain: rank ") and f"hang: stuck rank 1 on host {host}" in line, line
-        assert f"(pid {processes[1].pid}), last seen finishing iteration 3" in line, line
-        assert "it never started global batch 1 of the validation after iteration 3, which rank(s) 0" in line
+        assert f"(pid {processes[1].pid}), last seen inside global batch 1 of the validation after" in line, (
+            line
+        )
+        assert "after iteration 3, loading its micro-batches (" in line, line  # watched from its first read
+        assert (
+            "which rank(s) 0 finished, waiting in global batch 1 of the validation after iteration 3" in line
+        )
 
 
 @pytest.mark.distributed
