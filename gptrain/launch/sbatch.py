@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, SIGNAL_SECONDS_ENV
+from gptrain.launch.container_env import (
+    container_env_on,
+    container_env_option,
+    exported_names,
+    without_container_env,
+)
 from gptrain.launch.rendezvous import rendezvous
 from gptrain.launch.sbatch_directives import sbatch_directives, signal_seconds
 from gptrain.launch.script_quoting import env_lines, escape_percent, quote, quote_command, wandb_key_lines
@@ -106,8 +112,11 @@ def rank_command(python: str, args: list[str], devices: int, local: bool) -> lis
 SRUN_PINNED = ("--export=ALL", "--distribution=block")
 
 
-def srun_prefix(job: Job, cluster: dict, container: str | None, mounts: list[str]) -> str:
-    """srun with the container options (pyxis) when a container is set."""
+def srun_prefix(
+    job: Job, cluster: dict, container: str | None, mounts: list[str], exported: list[str]
+) -> str:
+    """srun with the container options (pyxis) when a container is set; `exported`: the variables the
+    script exported before it (container_env)."""
     parts = [
         "srun",
         "--kill-on-bad-exit=1",
@@ -119,17 +128,21 @@ def srun_prefix(job: Job, cluster: dict, container: str | None, mounts: list[str
         parts.append(f"--cpus-per-task={job.cpus_per_task}")
     elif job.all_node_cpus:  # NeMo's data preparation: every CPU of the node (with cluster.exclusive)
         parts.append('--cpus-per-task="$SLURM_CPUS_ON_NODE"')
-    return " ".join(parts + srun_options(cluster, container, mounts))
+    return " ".join(parts + srun_options(cluster, container, mounts, exported))
 
 
-def srun_options(cluster: dict, container: str | None, mounts: list[str]) -> list[str]:
-    """The container options (pyxis) when a container is set, then cluster.srun_args; quoted."""
+def srun_options(cluster: dict, container: str | None, mounts: list[str], exported: list[str]) -> list[str]:
+    """The container options (pyxis) when a container is set, then cluster.srun_args; quoted. In a
+    container, --container-env names `exported` and srun_args' own (container_env.py)."""
     parts = []
     args = [str(a) for a in cluster.get("srun_args") or []]
     if container:
         parts.append(f"--container-image={quote(container, 'container')}")
         if mounts:
             parts.append(f"--container-mounts={quote(','.join(mounts), 'container_mounts')}")
+        if container_env_on(cluster):
+            args, given = without_container_env(args)
+            parts += container_env_option(exported, given)
     else:  # pyxis options make srun fail where there is no container
         args = without_pyxis_options(args)
     return parts + [quote(a, "cluster.srun_args") for a in args]
@@ -162,7 +175,9 @@ def without_pyxis_options(args: list[str]) -> list[str]:
     return kept
 
 
-def setup_line(command: list[str], cluster: dict, container: str | None, mounts: list[str]) -> str:
+def setup_line(
+    command: list[str], cluster: dict, container: str | None, mounts: list[str], exported: list[str]
+) -> str:
     """A step before the stage's own (training: applying the data blend to its config). In a
     container it runs there too, as one task with the stage's container options: the compute
     host itself need not have gptrain, or any Python."""
@@ -174,7 +189,7 @@ def setup_line(command: list[str], cluster: dict, container: str | None, mounts:
         "--nodes=1",
         "--ntasks=1",
         SRUN_PINNED[0],
-        *srun_options(cluster, container, mounts),
+        *srun_options(cluster, container, mounts, exported),
     ]
     return f"{' '.join(srun)} {quote_command(command)} || exit 1"
 
@@ -273,13 +288,15 @@ def render_slurm(job: Job, cluster: dict, top: dict) -> str:
     lines += wandb_key_lines(top.get("wandb_api_key_file"))
     lines += [f'echo "gptrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, stage {job.stage}" >&2']
     container, mounts = top.get("container"), list(top.get("container_mounts") or [])
-    lines += [setup_line(command, cluster, container, mounts) for command in job.setup]
-    srun = srun_prefix(job, cluster, container, mounts)
+    exported = exported_names("\n".join(lines))
+    lines += [setup_line(command, cluster, container, mounts, exported) for command in job.setup]
     if job.stage not in ("training", "validation"):
+        srun = srun_prefix(job, cluster, container, mounts, exported)
         lines += [f"{srun} {quote_command(job.command)}", FINISH_LINES]
         return "\n".join(lines) + "\n"
     meeting = rendezvous(top.get("env_vars"), ranks=job.stage == "training")
     lines += ["", *meeting.lines, ""]
+    srun = srun_prefix(job, cluster, container, mounts, exported_names("\n".join(lines)))
     srun = " ".join(part for part in (srun, meeting.wrapper) if part)
     if job.stage == "validation":  # its ranks rendezvous as the training's do
         lines += [f"{srun} {quote_command(job.command)}", FINISH_LINES]

@@ -74,6 +74,7 @@ CLUSTER: dict[str, Check] = {
     "gpus_per_task": non_negative,
     "cpus_per_task": count,  # NeMo's SlurmLauncher: the training's and validation's --cpus-per-task
     "srun_args": command_words,
+    "container_env": boolean,  # pyxis's --container-env naming the exported variables (container_env.py)
     "signal_seconds": signal_seconds,
     "max_requeues": non_negative,
     "env_vars": env_vars,

@@ -22,6 +22,7 @@ NEMO_CONF = Path(__file__).parents[1] / "config/nemo_launcher/23.07/launcher_scr
 SRUN = (
     'n=$(ls "$STUB_LOG" | wc -l); printf \'%s\\0\' "$@" > "$STUB_LOG/srun-$n.argv"; exit "${SRUN_EXIT:-0}"\n'
 )
+PYXIS_ENV = "${PYXIS_CONTAINER_ENV:+,$PYXIS_CONTAINER_ENV}"
 SCONTROL = 'case "$1 $2" in "show hostnames") echo n1 ;; esac\n'
 
 
@@ -75,15 +76,23 @@ def test_with_a_container_the_blend_is_applied_inside_it(tmp_path, monkeypatch):
         6 : training.index("bash")
     ]  # after srun --kill-on-bad-exit --nodes --ntasks-per-node --export --distribution
     base, data = f"{tmp_path}/{NASTY}", f"{tmp_path}/d"
+    exported = "PYTHONUNBUFFERED,GPTRAIN_SIGNAL_SECONDS,TOKENIZERS_PARALLELISM,OMP_NUM_THREADS"
+    pyxis_env = "${PYXIS_CONTAINER_ENV:+,$PYXIS_CONTAINER_ENV}"  # expanded by the job's shell
     assert options == [
         "--container-image=/apps/my image.sqsh",
         f"--container-mounts={base}:{base},{data}:{data},/fsx:/fsx",
+        f"--container-env={exported},MASTER_ADDR,MASTER_PORT{pyxis_env}",  # the image's values lose
         "--mpi=pmix",
     ]
     [job] = [j for j in plan.jobs if j.stage == "training"]
     command = ["python", "-m", "gptrain.launch.download", "apply-blend", "--blend", f"{data}/blend.yaml"]
     frozen = ["--frozen", str(job.frozen_blend_path)]  # the copy a requeue reads, in the run dir
-    assert setup[5:] == [*options, *command, "--config", str(config_path(job)), *frozen]
+    setup_options = [
+        *options[:2],
+        f"--container-env={exported}{pyxis_env}",
+        *options[3:],
+    ]  # no rendezvous yet
+    assert setup[5:] == [*setup_options, *command, "--config", str(config_path(job)), *frozen]
     assert options[1] in step_words(next(x for x in prep.read_text().splitlines() if x.startswith("srun ")))
 
 
@@ -104,7 +113,9 @@ def test_the_containers_blend_step_runs_its_words_verbatim_and_stops_the_job_on_
         argv = [(log / f"srun-{n}.argv").read_text().split("\0")[:-1] for n in range(steps)]
         assert len(list(log.iterdir())) == steps
         setup = next(line for line in train.read_text().splitlines() if "apply-blend" in line)
-        assert argv[0] == step_words(setup)[1:] and f"{tmp_path}/my py" in argv[0]
+        # verbatim but for --container-env's PYXIS_CONTAINER_ENV, which the job's shell expands (unset: empty)
+        words = [word.replace(PYXIS_ENV, "") for word in step_words(setup)[1:]]
+        assert argv[0] == words and f"{tmp_path}/my py" in argv[0]
         assert not list(tmp_path.rglob("owned"))  # `;touch owned` in the results dir ran nothing
         subprocess.run(["rm", "-r", str(log)], check=True)
 

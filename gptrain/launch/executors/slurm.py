@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from gptrain.errors import LaunchError
+from gptrain.launch.container_env import check_srun_reads_container_env
 from gptrain.launch.preflight import check_cluster, check_exclusive_mode, query_nodes, sbatch_version
 from gptrain.launch.records import append_record
 from gptrain.launch.sbatch import Job
@@ -23,9 +24,12 @@ from gptrain.launch.stages import LaunchPlan
 
 
 def preflight_cluster(plan: LaunchPlan) -> list[str]:
-    """sinfo's fit of each job; an --exclusive mode this sbatch's version refuses."""
+    """sinfo's fit of each job; an --exclusive mode this sbatch's version refuses; a pyxis that does
+    not know the --container-env the jobs' srun lines pass."""
     nodes = query_nodes()
     check_sbatch_reads_exclusive(plan.cluster)
+    if plan.top.get("container"):
+        check_srun_reads_container_env(plan.cluster)
     return [check_cluster(job, plan.cluster, nodes) for job in plan.jobs]
 
 
