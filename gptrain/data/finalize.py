@@ -1,90 +1,145 @@
-"""Finishing written datasets together: each `.idx` renamed after its `.bin`, never old and new mixed."""
+"""Finishing written datasets together: each `.idx` renamed after its `.bin` (and its tokenizer record),
+never old and new mixed."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gptrain.utils.atomic import replace_as_plain_file
+from gptrain.utils.atomic import replace_as_plain_file, temporary_sibling
 
 if TYPE_CHECKING:
     from gptrain.data.indexed import IndexedDatasetWriter
 
 
-def finalize_together(writers: Sequence[IndexedDatasetWriter]) -> None:
-    """Finish several datasets as one (prepare's one per json key), each `.idx` after its `.bin`.
+@dataclass(frozen=True)
+class Companion:
+    """A small file that describes a dataset (its tokenizer record, gptrain.data.tokenizer_record),
+    finished with it: `text` is written beside the new files before any rename (None: no new one),
+    the `stale` files (the old record) go with the old `.idx`, and the new one is renamed onto
+    `path` before the new `.idx`. Written after the renames, a kill or a full disk between left the
+    new tokens beside the record of the data they replaced, which training trusts."""
 
-    Every `.idx` is written before any file is renamed, so a failure there (a full disk) leaves
-    the old outputs as they were. Then every old `.idx` goes (an old index next to a new `.bin`
-    would look finished), every `.bin` is renamed, and every `.idx` last: never a mix of old and
-    new complete datasets, unless an old index cannot be removed after another was. A failure
-    before that removes every temporary file; one during the renames (`_move_all_into_place`)
-    completes what it can.
+    path: Path
+    text: str | None
+    stale: tuple[Path, ...] = ()
+
+
+@dataclass
+class _Output:
+    writer: IndexedDatasetWriter
+    companion: Companion | None
+    temp: Path | None = None  # the companion's new text, staged
+
+
+def finalize_together(
+    writers: Sequence[IndexedDatasetWriter], companions: Sequence[Companion | None] = ()
+) -> None:
+    """Finish several datasets as one (prepare's one per json key), each `.idx` after its `.bin`;
+    `companions[i]` (if given) goes with `writers[i]`.
+
+    Every `.idx` and companion is written before any file is renamed, so a failure there (a full
+    disk) leaves the old outputs as they were. Then every old `.idx` goes (an old index next to a
+    new `.bin` would look finished) and every old companion, every `.bin` is renamed, every new
+    companion, and every `.idx` last: never a mix of old and new complete datasets, unless an old
+    index cannot be removed after another was. A failure before that removes every temporary file;
+    one during the renames (`_move_all_into_place`) completes what it can.
     """
-    writers = [writer for writer in writers if not writer._done]
+    given = list(companions) + [None] * (len(writers) - len(companions))
+    outputs = [_Output(w, c) for w, c in zip(writers, given, strict=True) if not w._done]
     try:
-        for writer in writers:
-            writer._stage()
-        for writer in writers:  # all there before an old index goes: a failure leaves the old outputs whole
-            writer._temps[0].stat()
-            writer._temps[3].stat()
-        _move_all_into_place(writers)
+        for output in outputs:
+            output.writer._stage()
+            _stage_companion(output)
+        for output in outputs:  # all there before an old index goes: a failure leaves the old outputs whole
+            output.writer._temps[0].stat()
+            output.writer._temps[3].stat()
+        _move_all_into_place(outputs)
     except BaseException:
-        for writer in reversed(writers):  # the first made the output's directory: it goes last
-            writer.abort()
+        for output in reversed(outputs):  # the first made the output's directory: it goes last
+            output.writer.abort()
+            if output.temp is not None:  # moved, or not: either way none is left
+                output.temp.unlink(missing_ok=True)
         raise
-    for writer in writers:
-        writer._done = True
-        writer._remove_temps()
+    for output in outputs:
+        output.writer._done = True
+        output.writer._remove_temps()
 
 
-def _move_all_into_place(writers: Sequence[IndexedDatasetWriter]) -> None:
-    """Every old `.idx` out, every `.bin` in, every `.idx` last. Once an old index may be gone there
-    is no way back: an interruption there (a time limit's SIGTERM, Ctrl-C), or an error after the
-    first step, finishes what moves it can before it propagates, and the writers are marked done so
-    that nothing removes the new files. The cleanup used to delete them: neither dataset was left."""
-    steps: list[tuple[IndexedDatasetWriter, str]] = [
-        (writer, step) for step in ("unlink", "bin", "idx") for writer in writers
+def _stage_companion(output: _Output) -> None:
+    companion = output.companion
+    if companion is None or companion.text is None:
+        return
+    output.temp = temporary_sibling(companion.path)
+    with open(output.temp, "w", encoding="utf-8") as handle:
+        handle.write(companion.text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _move_all_into_place(outputs: Sequence[_Output]) -> None:
+    """Every old `.idx` out, every old companion, every `.bin` in, every new companion, every `.idx`
+    last. Once an old index may be gone there is no way back: an interruption there (a time limit's
+    SIGTERM, Ctrl-C), or an error after the first step, finishes what moves it can before it
+    propagates, and the writers are marked done so that nothing removes the new files. The cleanup
+    used to delete them: neither dataset was left."""
+    steps: list[tuple[_Output, str]] = [
+        (output, step) for step in ("unlink", "stale", "bin", "companion", "idx") for output in outputs
     ]
-    for number, (writer, step) in enumerate(steps):
+    for number, (output, step) in enumerate(steps):
         try:
-            _take_step(writer, step)
+            _take_step(output, step)
         except BaseException as error:
             if number == 0 and isinstance(error, OSError):
                 raise  # the first old index is still there: the caller removes the new files
-            _finish_moves(writers, steps[number:])
+            _finish_moves(outputs, steps[number:])
             raise
 
 
-def _take_step(writer: IndexedDatasetWriter, step: str) -> None:
+def _take_step(output: _Output, step: str) -> None:
+    writer, companion = output.writer, output.companion
     if step == "unlink":
         writer.idx_path.unlink(missing_ok=True)
+    elif step == "stale":
+        for path in companion.stale if companion is not None else ():
+            path.unlink(missing_ok=True)
     elif step == "bin":
         _move_into_place(writer._temps[0], writer.bin_path)
+    elif step == "companion":
+        if companion is not None and output.temp is not None:
+            _move_into_place(output.temp, companion.path)
     else:
         _move_into_place(writer._temps[3], writer.idx_path)
 
 
-def _finish_moves(
-    writers: Sequence[IndexedDatasetWriter], steps: list[tuple[IndexedDatasetWriter, str]]
-) -> None:
+def _finish_moves(outputs: Sequence[_Output], steps: list[tuple[_Output, str]]) -> None:
     """The remaining steps, each tried once (its failure is the error already raised). A `.bin`
-    moves only where the old index is gone and an `.idx` only once its own `.bin` is in place, so no
-    index ever stands beside other tokens; a writer that moved nothing leaves its old pair whole."""
-    for writer, step in steps:
-        if step == "bin" and writer.idx_path.exists():
-            continue  # its old index could not be removed: the old pair stays
-        if step == "idx" and writer._temps[0].exists():
-            continue  # its .bin did not move
+    or companion moves only where the old index is gone and an `.idx` only once its own `.bin` is
+    in place and no old companion stays, so no index ever stands beside other tokens or another
+    dataset's record; a writer that moved nothing leaves its old pair whole."""
+    for output, step in steps:
+        if step in ("stale", "bin", "companion") and output.writer.idx_path.exists():
+            continue  # its old index could not be removed: the old pair stays, with its record
+        if step == "idx" and (output.writer._temps[0].exists() or _stale_left(output)):
+            continue  # its .bin did not move, or an old record stays that would describe it
         with contextlib.suppress(BaseException):  # a second Ctrl-C must not cut the finish short
-            _take_step(writer, step)
-    for writer in writers:
-        writer._done = True  # abort() must not remove what is now the output
-        unmoved = writer._temps[0].exists()  # then the .idx did not move either: both go
-        for temp in writer._temps[1:3] + (writer._temps[::3] if unmoved else []):
-            temp.unlink(missing_ok=True)
+            _take_step(output, step)
+    for output in outputs:
+        output.writer._done = True  # abort() must not remove what is now the output
+        output.writer._remove_temps()  # what moved is gone from there; what did not is dropped
+
+
+def _stale_left(output: _Output) -> bool:
+    """Whether an old companion is still there (one the new one replaced is not)."""
+    companion = output.companion
+    if companion is None:
+        return False
+    replaced = output.temp is not None and not output.temp.exists()
+    return any(os.path.lexists(path) for path in companion.stale if not (replaced and path == companion.path))
 
 
 def _move_into_place(temp: Path, path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import TextIO
 
 import numpy as np
 
+from gptrain.data.finalize import Companion, finalize_together
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, strip_suffix
 from gptrain.data.jsonl import file_identity
 from gptrain.data.record_mix import mixed_preparation_lines
@@ -25,10 +26,10 @@ from gptrain.data.tokenizer_record import (
     SUFFIX,
     TOKENIZER_APPENDS_EOD,
     merged_record,
+    new_record,
     read_tokenizer_record,
+    record_companion,
     refuse_foreign_record_file,
-    remove_tokenizer_record,
-    write_tokenizer_record,
 )
 from gptrain.errors import DataError
 from gptrain.utils.progress import Progress
@@ -106,30 +107,26 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
             for prefix in prefixes:
                 writer.add_index(prefix, on_copied=lambda size: progress.update(0, size))
                 progress.update(1)
+            finalize_together([writer], [_carried_record(output_prefix, record)])
     except OSError as error:  # disk full, permissions: the inputs were validated on open
         raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
     IndexedDataset(output_prefix).verify()  # reads only the .idx, ~1/1000 of the copied bytes
-    _carry_record(output_prefix, record)
     return MergeResult(len(prefixes), writer.num_documents, writer.num_tokens, writer.path_prefix)
 
 
-def _carry_record(output_prefix: str, record: dict | None) -> None:
-    """The inputs' common tokenizer record beside the merged dataset (gptrain.data.tokenizer_record),
+def _carried_record(output_prefix: str, record: dict | None) -> Companion:
+    """The inputs' common tokenizer record, finished with the merged dataset (gptrain.data.tokenizer_record),
     so training still checks it; where they have none in common, none (an older one removed)."""
-    try:
-        if record is None:
-            remove_tokenizer_record(output_prefix)
-        else:
-            write_tokenizer_record(
-                output_prefix,
-                record["type"],
-                record["legacy"],
-                record.get("vocabulary"),
-                record.get("append_eod"),
-                record.get(TOKENIZER_APPENDS_EOD) is True,
-            )
-    except OSError as error:
-        raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
+    if record is None:
+        return record_companion(output_prefix, None)
+    carried = new_record(
+        record["type"],
+        record["legacy"],
+        record.get("vocabulary"),
+        record.get("append_eod"),
+        record.get(TOKENIZER_APPENDS_EOD) is True,
+    )
+    return record_companion(output_prefix, carried)
 
 
 def _refuse_a_directory_as_output(output_prefix: str) -> None:

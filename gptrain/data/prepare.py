@@ -34,7 +34,8 @@ from typing import TextIO
 
 import numpy as np
 
-from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
+from gptrain.data.finalize import Companion, finalize_together
+from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
 from gptrain.data.null_tokenizer import IdsRefused
 from gptrain.data.prepare_lines import ParsedChunk, parse_chunk, texts_and_sentences
@@ -46,7 +47,7 @@ from gptrain.data.prepare_tokens import (
     last_sentences,
     with_eod,
 )
-from gptrain.data.tokenizer_record import refuse_foreign_record_file, write_tokenizer_record
+from gptrain.data.tokenizer_record import new_record, record_companion, refuse_foreign_record_file
 from gptrain.data.tokenizer_wrappers import Tokenizer, vocabulary_entries
 from gptrain.data.tokenizers import TokenizerSpec, canonical_type
 from gptrain.errors import ConfigError, DataError
@@ -247,8 +248,8 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             _consume(results, writers, stats, progress, config.log_interval)
             _refuse_inputs_of_only_bad_lines(stats, config)
             stats.sequences = {key: w.num_sequences for key, w in zip(config.json_keys, writers, strict=True)}
-            finalize_together(writers)  # all outputs new, or (on error) all as they were
-            _record_tokenizer(stats.outputs, config, vocabulary)
+            records = _tokenizer_records(stats.outputs, config, vocabulary)
+            finalize_together(writers, records)  # all outputs new, or (on error) all as they were
     except OSError as error:  # reading errors are DataErrors already, but for opening an input
         if error.filename is not None and str(error.filename) in {str(path) for path in paths}:
             raise DataError(f"--input {error.filename}: cannot read ({error.strerror or error})") from None
@@ -272,16 +273,18 @@ def _vocabulary(spec: TokenizerSpec, tokenizer: Tokenizer) -> dict | None:
     return fingerprint(tokenizer, spec.files())[0]
 
 
-def _record_tokenizer(prefixes: list[str], config: PrepareConfig, vocabulary: dict | None) -> None:
-    """Each dataset's tokenizer settings beside it (gptrain.data.tokenizer_record): --legacy-tokenizer
+def _tokenizer_records(
+    prefixes: list[str], config: PrepareConfig, vocabulary: dict | None
+) -> list[Companion]:
+    """Each dataset's tokenizer settings, finished with it (gptrain.data.tokenizer_record): --legacy-tokenizer
     changes GPT-2 BPE's ids only, so it is recorded as what it did, with its vocabulary's fingerprint
     and --append-eod."""
     spec = config.tokenizer
     legacy = spec.legacy and canonical_type(spec.tokenizer_type) == "gpt2"
     assert _STATE is not None
     appends = tokenizer_appends_eod(_STATE.tokenizer)
-    for prefix in prefixes:
-        write_tokenizer_record(prefix, spec.tokenizer_type, legacy, vocabulary, config.append_eod, appends)
+    record = new_record(spec.tokenizer_type, legacy, vocabulary, config.append_eod, appends)
+    return [record_companion(prefix, record) for prefix in prefixes]
 
 
 def tokenizer_appends_eod(tokenizer: Tokenizer) -> bool:

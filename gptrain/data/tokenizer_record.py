@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.data.blend_spec import strip_suffix
+from gptrain.data.finalize import Companion
 from gptrain.data.tokenizer_args import canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.atomic import atomic_write_text
@@ -40,32 +41,67 @@ def write_tokenizer_record(
     append_eod: bool | None = None,
     tokenizer_appends_eod: bool = False,
 ) -> None:
-    """Record beside `prefix` the tokenizer type (Megatron's name for any spelling, so records of one
-    type compare equal), whether it encoded as Megatron's legacy one, the fingerprint of its
-    vocabulary (gptrain.data.tokenizer_fingerprint) and whether documents end with the end-of-document
-    id (--append-eod; gptrain.data.record_mix compares it); None: not recorded. `tokenizer_appends_eod`:
-    the tokenizer's post-processor ends every text with it (recorded only then), so documents do
-    without --append-eod. A file of the user's with
-    the record's name is kept, with a warning (data prepare and merge refuse one before writing:
-    this guards other writers), and the data then has no record, as Megatron's has none."""
+    """Record beside `prefix` the tokenizer settings `new_record` takes, on their own (data prepare
+    and merge finish the record with the data: `record_companion`). A file of the user's with the
+    record's name is kept, with a warning (data prepare and merge refuse one before writing: this
+    guards other writers), and the data then has no record, as Megatron's has none."""
     if (foreign := foreign_record_file(prefix)) is not None:
-        print(
-            f"gptrain: warning: {foreign} is not a tokenizer record (a file of yours?): kept, and the data's "
-            "tokenizer settings (--legacy-tokenizer) are not recorded, so training cannot check them; "
-            "move it and write the data again to record them",
-            file=sys.stderr,
-        )
+        _warn_foreign(foreign)
     else:
-        record: dict[str, Any] = {"type": megatron_tokenizer_type(kind) or kind, "legacy": legacy}
-        if vocabulary is not None:
-            record["vocabulary"] = vocabulary
-        if append_eod is not None:
-            record["append_eod"] = append_eod
-        if tokenizer_appends_eod:
-            record[TOKENIZER_APPENDS_EOD] = True
-        atomic_write_text(prefix + SUFFIX, json.dumps(record, indent=2) + "\n")
+        record = new_record(kind, legacy, vocabulary, append_eod, tokenizer_appends_eod)
+        atomic_write_text(prefix + SUFFIX, _text(record))
     if _read(prefix + OLD_SUFFIX) is not None:  # an older record of the data just replaced
         Path(prefix + OLD_SUFFIX).unlink(missing_ok=True)
+
+
+def new_record(
+    kind: str,
+    legacy: bool,
+    vocabulary: dict[str, Any] | None = None,
+    append_eod: bool | None = None,
+    tokenizer_appends_eod: bool = False,
+) -> dict[str, Any]:
+    """The record of the tokenizer type (Megatron's name for any spelling, so records of one type
+    compare equal), whether it encoded as Megatron's legacy one, the fingerprint of its vocabulary
+    (gptrain.data.tokenizer_fingerprint) and whether documents end with the end-of-document id
+    (--append-eod; gptrain.data.record_mix compares it); None: not recorded. `tokenizer_appends_eod`:
+    the tokenizer's post-processor ends every text with it (recorded only then), so documents do
+    without --append-eod."""
+    record: dict[str, Any] = {"type": megatron_tokenizer_type(kind) or kind, "legacy": legacy}
+    if vocabulary is not None:
+        record["vocabulary"] = vocabulary
+    if append_eod is not None:
+        record["append_eod"] = append_eod
+    if tokenizer_appends_eod:
+        record[TOKENIZER_APPENDS_EOD] = True
+    return record
+
+
+def record_companion(prefix: str, record: dict[str, Any] | None) -> Companion:
+    """`record` (None: none) to finish with the dataset written at `prefix` (gptrain.data.finalize):
+    every record there now (either name) goes with the old `.idx`, and the new one goes in before
+    the new `.idx`. A file of the user's with the record's name is kept, as `write_tokenizer_record`
+    keeps it."""
+    stale = tuple(
+        Path(prefix + suffix) for suffix in (SUFFIX, OLD_SUFFIX) if _read(prefix + suffix) is not None
+    )
+    if record is not None and (foreign := foreign_record_file(prefix)) is not None:
+        _warn_foreign(foreign)
+        record = None
+    return Companion(Path(prefix + SUFFIX), None if record is None else _text(record), stale)
+
+
+def _text(record: dict[str, Any]) -> str:
+    return json.dumps(record, indent=2) + "\n"
+
+
+def _warn_foreign(foreign: str) -> None:
+    print(
+        f"gptrain: warning: {foreign} is not a tokenizer record (a file of yours?): kept, and the data's "
+        "tokenizer settings (--legacy-tokenizer) are not recorded, so training cannot check them; "
+        "move it and write the data again to record them",
+        file=sys.stderr,
+    )
 
 
 def foreign_record_file(prefix: str) -> str | None:
@@ -84,13 +120,6 @@ def refuse_foreign_record_file(prefix: str, flag: str, then: str) -> None:
             f"{flag} {prefix}: {foreign} is not a tokenizer record (a file of yours?), where the {then} "
             "writes the data's tokenizer record: move it, then " + then
         )
-
-
-def remove_tokenizer_record(prefix: str) -> None:
-    """Remove the record beside `prefix` (both names): data written there anew without one."""
-    for suffix in (SUFFIX, OLD_SUFFIX):
-        if _read(prefix + suffix) is not None:
-            Path(prefix + suffix).unlink(missing_ok=True)
 
 
 def merged_record(prefixes: list[str]) -> dict[str, Any] | None:
