@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gptrain.utils.atomic import replace_as_plain_file, temporary_sibling
+from gptrain.utils.atomic import fsync_directory, replace_as_plain_file, temporary_sibling
 
 if TYPE_CHECKING:
     from gptrain.data.indexed import IndexedDatasetWriter
@@ -68,6 +68,7 @@ def finalize_together(
     for output in outputs:
         output.writer._done = True
         output.writer._remove_temps()
+    _sync_directories(outputs)
 
 
 def _stage_companion(output: _Output) -> None:
@@ -131,6 +132,7 @@ def _finish_moves(outputs: Sequence[_Output], steps: list[tuple[_Output, str]]) 
     for output in outputs:
         output.writer._done = True  # abort() must not remove what is now the output
         output.writer._remove_temps()  # what moved is gone from there; what did not is dropped
+    _sync_directories(outputs)
 
 
 def _stale_left(output: _Output) -> bool:
@@ -140,6 +142,12 @@ def _stale_left(output: _Output) -> bool:
         return False
     replaced = output.temp is not None and not output.temp.exists()
     return any(os.path.lexists(path) for path in companion.stale if not (replaced and path == companion.path))
+
+
+def _sync_directories(outputs: Sequence[_Output]) -> None:
+    """The renames and removals on disk (a crash could lose them: no index, so prepared again)."""
+    for directory in dict.fromkeys(output.writer.bin_path.parent for output in outputs):
+        fsync_directory(directory)
 
 
 def _move_into_place(temp: Path, path: Path) -> None:

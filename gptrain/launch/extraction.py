@@ -5,6 +5,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +13,13 @@ from typing import IO
 
 from gptrain.data.jsonl import zstd_blocks
 from gptrain.errors import DataError
-from gptrain.utils.atomic import hold, remove_stale_temporaries, replace_as_plain_file, temporary_sibling
+from gptrain.utils.atomic import (
+    fsync_directory,
+    hold,
+    remove_stale_temporaries,
+    replace_as_plain_file,
+    temporary_sibling,
+)
 from gptrain.utils.signals import terminate_as_exception
 
 CHUNK = 1 << 20
@@ -61,7 +68,10 @@ def extract(path: Path, keep: bool = False) -> Path:
                 hold(out)
                 for block in decompressed_blocks(path):
                     out.write(block)
+                out.flush()
+                os.fsync(out.fileno())  # the data on disk before its name: a crash kept the name, empty
             replace_as_plain_file(tmp, target)  # a plain write's mode, not mkstemp's 0600
+            fsync_directory(target.parent)  # the name on disk before the archive's removal
         except EOFError:
             raise DataError(
                 f"{path}: the archive ends too soon (cut short: an interrupted download or copy);"

@@ -25,7 +25,7 @@ from typing import Any
 from gptrain.errors import DataError
 from gptrain.launch.extraction import CHUNK
 from gptrain.launch.shards import Shard
-from gptrain.utils.atomic import atomic_write_text, replace_as_plain_file
+from gptrain.utils.atomic import atomic_write_text, fsync_directory, replace_as_plain_file
 
 
 def fetch_once(url: str, part: Path, timeout: float) -> None:
@@ -182,7 +182,10 @@ def download(
         else:
             fetch_with_retries(shard.url, part, retries, backoff, timeout)
         verify(part, shard)
+        with open(part, "rb") as written:
+            os.fsync(written.fileno())  # the data on disk before its name: a crash kept the name, empty
         replace_as_plain_file(part, dest)  # a tokenizer file's part is a mkstemp, 0600
+        fsync_directory(dest.parent)
         validator_file(part).unlink(missing_ok=True)
     return dest
 
