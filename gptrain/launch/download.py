@@ -84,6 +84,7 @@ def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable)
         plain = extract(raw, keep=keep) if switch_of(cfg, "extract", True, "data_preparation") else raw
         if plain != raw and not switch_of(cfg, "keep_extracted", True, "data_preparation"):
             extracted_mark(plain).touch()  # this stage's to remove once tokenized, in this task or a rerun
+    refuse_empty_text(plain, index, shard)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     command = tokenize_command(cfg, plain, tokenize_prefix(cfg, shard), python)
     print("gptrain: " + " ".join(command), file=sys.stderr, flush=True)
@@ -91,6 +92,16 @@ def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable)
         raise DataError(f"tokenizing {plain} failed (see the messages above)")
     remove_extracted(cfg, raw, plain)
     return prefix
+
+
+def refuse_empty_text(plain: Path, index: int, shard: Shard) -> None:
+    """An empty shard text (its data lost in a crash after its rename) tokenized to 0 documents with
+    exit 0: a whole shard silently out of the blend."""
+    if plain.stat().st_size == 0:
+        raise DataError(
+            f"{plain}: empty, where shard {index}'s text should be ({shard.url}): cut by a crash while it "
+            "was written? delete it, and the next run fetches it again"
+        )
 
 
 def extracted_mark(plain: Path) -> Path:

@@ -167,8 +167,10 @@ def download(
     timeout: float = 60.0,
     part: Path | None = None,
 ) -> Path:
-    """Download a shard to `dest` (via `dest.part`, or `part`), retrying with exponential backoff."""
+    """Download a shard to `dest` (via `dest.part`, or `part`), retrying with exponential backoff.
+    A `dest` already there is taken once it passes the shard's checksums."""
     if dest.exists():
+        check_existing(dest, shard)
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = part or dest.with_name(dest.name + ".part")
@@ -188,6 +190,17 @@ def download(
         fsync_directory(dest.parent)
         validator_file(part).unlink(missing_ok=True)
     return dest
+
+
+def check_existing(dest: Path, shard: Shard) -> None:
+    """A shard found in place was returned unverified: a file cut by a crash, or another file of its
+    name, was extracted and tokenized as the shard. Kept where it fails: it may be the user's."""
+    for algorithm, expected in (("sha256", shard.sha256), ("md5", shard.md5)):
+        if expected and (actual := file_digest(dest, algorithm)) != str(expected).lower():
+            raise DataError(
+                f"{dest}: already there, but its {algorithm} is {actual}, not {expected} "
+                "(data_preparation.shards); the file is kept: delete it to download it again"
+            )
 
 
 @contextlib.contextmanager
