@@ -11,6 +11,7 @@ launch's next stage, in another run dir, that waits for job `after` of this one,
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -22,9 +23,19 @@ LOCAL_JOB_ID = re.compile(r"local-[1-9][0-9]*")
 
 
 def append_record(run_dir: Path, event: str, **fields: Any) -> dict[str, Any]:
+    """One line, in one write to the end of the log. A line cut by a crash (a full disk mid-write,
+    the launcher killed) is ended first: the record was glued onto it, and the two were skipped."""
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": event, **fields}
-    with open(run_dir / LAUNCHER_LOG, "a") as handle:
-        handle.write(json.dumps(record) + "\n")
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(run_dir / LAUNCHER_LOG, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        while line:
+            line = line[os.write(fd, line) :]
+    finally:
+        os.close(fd)
     return record
 
 
@@ -34,13 +45,24 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
         return []
     records = []
     for line in path.read_bytes().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes a crash left
-            continue  # a line cut by a crash: skip it, keep the rest
+        record = _parsed(line)
         if isinstance(record, dict) and not unnamed_submission(record := with_array_unread(record)):
             records.append(record)  # other JSON is no record either
     return records
+
+
+def _parsed(line: bytes) -> Any:
+    """The line's JSON, or None for a line cut by a crash (skipped, the rest kept). An earlier
+    gptrain glued the next record onto such a line: it is read from where it starts."""
+    try:
+        return json.loads(line)
+    except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes a crash left
+        pass
+    start = line.rfind(b'{"time": ')
+    try:
+        return json.loads(line[start:]) if start > 0 else None
+    except ValueError:
+        return None
 
 
 def with_array_unread(record: dict[str, Any]) -> dict[str, Any]:
