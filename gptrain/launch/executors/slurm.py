@@ -16,7 +16,7 @@ from pathlib import Path
 from gptrain.errors import LaunchError
 from gptrain.launch.container_env import check_srun_reads_container_env
 from gptrain.launch.preflight import check_cluster, check_exclusive_mode, query_nodes, sbatch_version
-from gptrain.launch.records import append_record
+from gptrain.launch.records import LAUNCHER_LOG, append_record
 from gptrain.launch.sbatch import Job
 from gptrain.launch.sbatch_directives import DIRECTIVE_KEYS, sbatch_directives
 from gptrain.launch.sbatch_env import sbatch_environment, sbatch_variables_note, srun_variables_note
@@ -196,10 +196,11 @@ def record_submission(
     )
 
 
-def withdraw(jobs: list[Job], ids: list[str]) -> str:
-    """Cancel the stages this launch submitted before one sbatch refused: they would run without
-    the stages after them (data preparation for no training) and hold the run dirs against the
-    corrected launch. The end of the error line, saying what was done."""
+def withdraw(jobs: list[Job], ids: list[str], unrecorded: str | None = None) -> str:
+    """Cancel the stages this launch submitted before one sbatch refused (or whose record could not
+    be written, job `unrecorded`): they would run without the stages after them (data preparation
+    for no training) and hold the run dirs against the corrected launch. The end of the error line,
+    saying what was done; `gptrain cancel` cannot reach an unrecorded job, so scancel is named."""
     if not ids:
         return ""
     named = ", ".join(f"{job_id} ({job.stage})" for job, job_id in zip(jobs, ids, strict=False))
@@ -208,6 +209,8 @@ def withdraw(jobs: list[Job], ids: list[str]) -> str:
     except (OSError, subprocess.TimeoutExpired):
         done = None
     word = "job" if len(ids) == 1 else "jobs"
+    if (done is None or done.returncode != 0) and unrecorded is not None:
+        return f"; {word} {named} of this launch may still be queued, {unrecorded} unrecorded: scancel {' '.join(ids)}"
     if done is None or done.returncode != 0:
         return f"; {word} {named} of this launch may still be queued: gptrain cancel {shlex.quote(str(jobs[0].run_dir))}"
     return f"; cancelled {word} {named}, which this launch had submitted"
@@ -223,14 +226,35 @@ def submit(plan: LaunchPlan) -> list[str]:
             job_id = sbatch(job, previous)
         except LaunchError as error:
             raise LaunchError(f"{error}{withdraw(plan.jobs, ids)}") from None
-        record_submission(job, job_id, previous, previous_dir)
-        if previous and previous_dir != job.run_dir:  # `gptrain cancel` of that run reaches this job
-            append_record(
-                previous_dir, "waited_on_by", after=previous, job_id=job_id, waiting_dir=str(job.run_dir)
-            )
+        ids.append(job_id)
+        record_or_withdraw(plan, job, ids, previous, previous_dir)
         previous_dir = job.run_dir
         after = f" (after {previous})" if previous else ""
         print(f"gptrain: submitted {job.stage} as Slurm job {job_id}{after}: {job.job_name}", file=sys.stderr)
-        ids.append(job_id)
         previous = job_id
     return ids
+
+
+def record_or_withdraw(
+    plan: LaunchPlan, job: Job, ids: list[str], previous: str | None, previous_dir: Path | None
+) -> None:
+    """Record the job sbatch just accepted (the last of `ids`). Where its line cannot be written (a
+    full disk, a quota, a run dir made read-only), the launch is withdrawn as when sbatch refuses:
+    the OSError escaped, the job kept running unseen by `gptrain status` and `cancel`, and the
+    relaunch the error invited put a second job on the same run dir."""
+    job_id, where = ids[-1], job.run_dir / LAUNCHER_LOG
+    try:
+        record_submission(job, job_id, previous, previous_dir)
+        if (
+            previous and previous_dir and previous_dir != job.run_dir
+        ):  # `gptrain cancel` of that run reaches it
+            where = previous_dir / LAUNCHER_LOG
+            append_record(
+                previous_dir, "waited_on_by", after=previous, job_id=job_id, waiting_dir=str(job.run_dir)
+            )
+    except OSError as error:
+        reason = error.strerror or error
+        raise LaunchError(
+            f"{error.filename or where}: cannot record Slurm job {job_id} ({job.stage}), which sbatch accepted "
+            f"({reason}){withdraw(plan.jobs, ids, job_id)}"
+        ) from None
