@@ -120,6 +120,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._since: float | None = None  # monotonic time the current watched step began
         self._budget = timeout_s  # seconds it may take (FIRST_STEP_FACTOR times that for the first)
+        self._allowed = "trainer.hang_timeout_minutes"  # what gave it, for the hang's line
         self._first: int | None = None  # this process's first iteration (a resumed run's is not 1)
         self._iteration = 0
         self._steps_done = 0
@@ -238,25 +239,29 @@ class Watchdog:
             }
             self._iteration = iteration
             if budget_s is not None:  # a save's own allowance
-                self._since, self._budget = time.monotonic(), budget_s
+                self._since, self._budget, self._allowed = time.monotonic(), budget_s, "the save's allowance"
             elif entered and phase == "eval":
                 self._since = time.monotonic()
                 evaluation = (iteration, where.get("split"))
                 self._first_evaluation = self._first_evaluation or evaluation
-                self._budget = self.timeout_s * (
-                    FIRST_STEP_FACTOR if evaluation == self._first_evaluation else 1
-                )
+                self._allow(evaluation == self._first_evaluation, "evaluation")
             elif entered:
                 self._since = time.monotonic()
                 if self._first is None:
                     self._first = iteration
                 # the first iteration's end too: its stop agreement waits for the slowest rank's
                 # first step (a node with a cold compile cache beside warm ones, after a requeue)
-                self._budget = self.timeout_s * (FIRST_STEP_FACTOR if iteration == self._first else 1)
+                self._allow(iteration == self._first, "iteration")
             else:
                 self._since = None
                 self._steps_done += 1
             self._beat = beat
+
+    def _allow(self, first: bool, what: str) -> None:
+        """The step's time, FIRST_STEP_FACTOR times it for a process's first `what`, and why, for the line."""
+        self._budget = self.timeout_s * (FIRST_STEP_FACTOR if first else 1)
+        why = f"{FIRST_STEP_FACTOR} x trainer.hang_timeout_minutes, as a process's first {what}"
+        self._allowed = why if first else "trainer.hang_timeout_minutes"
 
     def publish(self) -> None:
         """Write this rank's heartbeat to the store, with the time it was written ("seen"): at every
@@ -368,10 +373,7 @@ class Watchdog:
         others wait inside it, or which are still inside it when others are past it."""
         with self._lock:
             mine = self._beat or {"iteration": iteration, "phase": "in", "section": self._sections}
-        saving = mine["phase"] == "save" or mine.get("of") == "save"
-        waited = f"{self._budget if saving else self.timeout_s:.0f} s (" + (
-            "the save's allowance)" if saving else "trainer.hang_timeout_minutes)"
-        )
+            waited = f"{self._budget:.0f} s ({self._allowed})"  # the time it was given, and by what
         place = _place(mine)
         if self.store is None:
             return f"hang: rank {self.rank} on host {self.host} (pid {self.pid}) made no progress in {place} for {waited}"
@@ -420,9 +422,7 @@ class Watchdog:
             try:
                 message = self.store.compare_set(HANG_KEY, "", message).decode()
                 self.wait_for_every_rank()
-            except (
-                Exception
-            ):  # the store went away with another rank, or a rank never came: exit all the same
+            except Exception:  # the store went away with another rank, or a rank never came: exit anyway
                 pass
         self.fired = message
         code, then = (

@@ -324,7 +324,10 @@ def test_a_rank_stuck_in_a_validation_batch_the_others_finished_is_named_in_word
         " validation after iteration 1"
     ), zero.fired
     # rank 1's first evaluated batch has FIRST_STEP_FACTOR timeouts: rank 0 may diagnose first
-    finished = "inside global batch 1 of the validation after iteration 1 for 0 s (trainer.hang_timeout_minutes), which rank(s) 0 finished"
+    finished = (
+        "inside global batch 1 of the validation after iteration 1 for 2 s (5 x trainer.hang_timeout_minutes,"
+        " as a process's first evaluation), which rank(s) 0 finished"
+    )
     waited = "it never started the end of the validation after iteration 1, which rank(s) 0 waited in"
     assert zero.fired.endswith(finished) or waited in zero.fired, zero.fired
 
@@ -370,6 +373,28 @@ def test_the_whole_first_evaluation_gets_the_first_batchs_time_and_the_next_one_
     with dog.evaluation(2, "validation", None):
         thread.join(timeout=15)
     assert exits == [EXIT_HUNG] and "validation after iteration 2" in dog.fired
+
+
+@pytest.mark.parametrize("first", ["iteration", "evaluation"])
+def test_the_line_quotes_the_time_a_first_step_or_evaluation_was_given_not_the_steps(first):
+    """A first step or evaluation waits FIRST_STEP_FACTOR timeouts, and its line read "for 600 s
+    (trainer.hang_timeout_minutes)" after 50 minutes: the time quoted is the one waited."""
+    [dog], exits, _ = dogs(1, 0.4)
+    thread = watch(dog)
+    with dog.step(1) if first == "iteration" else dog.evaluation(0, "validation", 1):
+        thread.join(timeout=15)
+    assert exits == [EXIT_HUNG]
+    assert dog.fired.endswith(
+        f"with no progress for 2 s (5 x trainer.hang_timeout_minutes, as a process's first {first}): a"
+        " collective or a kernel is stuck (noticed by rank 0 on host " + socket.gethostname() + ")"
+    ), dog.fired
+    [dog], exits, _ = dogs(1, 0.4)  # the next ones: the step's time
+    with dog.step(1), dog.evaluation(1, "validation", 1):
+        pass
+    thread = watch(dog)
+    with dog.step(2) if first == "iteration" else dog.evaluation(2, "validation", 1):
+        thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] and "for 0 s (trainer.hang_timeout_minutes):" in dog.fired, dog.fired
 
 
 def gone_or_waiting(silent_s: float) -> str:
