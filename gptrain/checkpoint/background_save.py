@@ -11,6 +11,7 @@ from concurrent.futures import Future
 
 import torch.distributed as dist
 
+from gptrain.checkpoint.checksum_writer import MARKING, Note, noted
 from gptrain.checkpoint.save_report import SaveReport
 from gptrain.utils.group_timeout import default_group_timeout
 
@@ -49,19 +50,26 @@ def first_failure(futures: tuple[Future | None, ...], deadline: float) -> BaseEx
 
 
 def marked_when_written(
-    upload: Future, mark: Callable[[], None] | None, report: SaveReport, started: float
+    upload: Future,
+    mark: Callable[[], None] | None,
+    report: SaveReport,
+    started: float,
+    note: Note | None = None,
 ) -> Future:
     """Done once the write has ended (its time in `report`) and `mark` (rank 0's: manifest, COMPLETE,
     latest, pruning) has run, in a thread of its own: the manifest reads every rank's checksum sidecar
     and stats the files they name (about 3 files per rank), which must not stall training when a later
-    step polls, and a crash between the write and that poll no longer loses a finished checkpoint."""
+    step polls, and a crash between the write and that poll no longer loses a finished checkpoint.
+    `note` (the save's OwnWork) is told of the marking: rank 0's own work, which a training thread
+    waiting for the save (the next one's wait for it) waits on while the others wait in the agreement."""
     marked: Future = Future()
 
     def mark_when_written() -> None:
         try:
             upload.result()
             if mark is not None:
-                mark()
+                with noted(note, MARKING):
+                    mark()
             report.write_s = time.perf_counter() - started
         except BaseException as error:  # DCP's CheckpointException is one; the training thread raises it
             marked.set_exception(error)

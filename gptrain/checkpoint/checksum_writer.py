@@ -29,6 +29,7 @@ Note = Callable[[str | None], None]
 """What this rank is doing on its own in a save, noted for the run's hang watchdog (None: done)."""
 PREPARING = "preparing its checkpoint directory"
 WRITING = "writing its checkpoint files"
+MARKING = "marking its checkpoint complete"  # rank 0: manifest, COMPLETE, latest, pruning
 SIDECAR_PREFIX = ".checksums.rank"
 WRITE_PIECE_BYTES = 1 << 18
 """Large buffers are checksummed and written in pieces of this size: the piece is still in the CPU
@@ -204,39 +205,46 @@ def gathered_checksums(step_dir: Path, own: dict[str, str | None], world_size: i
 
 
 class OwnWork:
-    """A background write's own work (its directory, its files, rank 0's metadata), noted by the writer
-    from its thread (a checksum_writer.Note) and passed on to the run's note only while the training
-    thread waits for that write (`waited_for`): training beside the write is never noted with it, and
-    a rank whose writer waits in DCP's gathers for a peer's write is not noted, so that the hang's
-    line names the rank whose own write hangs, not every rank waiting at the next save."""
+    """A background save's own work (its directory, its files, rank 0's metadata, and rank 0's marking
+    thread's MARKING), noted from the writer's and the marking thread (a checksum_writer.Note) and passed
+    on to the run's note only while the training thread waits for that save (`waited_for`): training
+    beside the write is never noted with it, and a rank whose writer waits in DCP's gathers for a
+    peer's write is not noted, so that the hang's line names the rank whose own write (or marking)
+    hangs, not every rank waiting at the next save."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._busy = False
+        self._what: str | None = None
         self._waiting: tuple[Note, str] | None = None
 
     def __call__(self, what: str | None) -> None:
         with self._lock:
-            self._busy = what is not None
+            self._what = what
             if self._waiting is not None:
-                note, waited = self._waiting
-                note(waited if self._busy else None)
+                note, step_dir = self._waiting
+                note(_waited(what, step_dir) if what is not None else None)
 
     @contextmanager
     def waited_for(self, note: Note | None, step_dir: str) -> Iterator[None]:
         """Noted while the training thread waits here for the write of `step_dir` and the writer is busy
         with its own work; cleared on leaving, before the collective that agrees on the write."""
-        what = f"waiting for its background write of {step_dir}"
         if note is None:
             yield
             return
         with self._lock:
-            self._waiting = (note, what)
-            if self._busy:
-                note(what)
+            self._waiting = (note, step_dir)
+            if self._what is not None:
+                note(_waited(self._what, step_dir))
         try:
             yield
         finally:
             with self._lock:
                 self._waiting = None
                 note(None)
+
+
+def _waited(what: str, step_dir: str) -> str:
+    """A background save's own work, as noted for the training thread waiting for it."""
+    if what == MARKING:
+        return f"waiting for its background thread marking {step_dir} complete"
+    return f"waiting for its background write of {step_dir}"

@@ -44,7 +44,7 @@ from gptrain.checkpoint import save_failures
 from gptrain.checkpoint.agreed_staging import AgreedStager
 from gptrain.checkpoint.agreement import first_on_any_rank, is_distributed
 from gptrain.checkpoint.background_save import background_save_group, first_failure, marked_when_written
-from gptrain.checkpoint.checksum_writer import PREPARING, ChecksummingWriter, Note, OwnWork, noted
+from gptrain.checkpoint.checksum_writer import MARKING, PREPARING, ChecksummingWriter, Note, OwnWork, noted
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_dir_name
 from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError
@@ -215,7 +215,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         report.stall_s = time.perf_counter() - started
         checksums = self._writer.checksums if self._writer else {}
         mark = (lambda: self._mark_complete(report, checksums)) if self.rank == 0 else None
-        self._pending = Pending(report, marked_when_written(upload, mark, report, started), staging, own_work)
+        marked = marked_when_written(upload, mark, report, started, own_work)
+        self._pending = Pending(report, marked, staging, own_work)
 
     def prepare_staging(self, state: dict[str, Any]) -> None:
         """Allocate the pinned staging buffer for states shaped like `state` now, in a background
@@ -386,7 +387,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
     def _mark_on_rank_0(self, report: SaveReport) -> tuple[str, str] | None:
         """None once the save is marked complete, else (what failed, the line every rank stops with)."""
         try:
-            with noted(self.note, "marking its checkpoint complete"):  # the others wait in the gather
+            with noted(self.note, MARKING):  # the others wait in the gather
                 self._mark_complete(report, self._writer.checksums if self._writer else {})
         except CheckpointNotSharedError as error:
             return NOT_SHARED, str(error)

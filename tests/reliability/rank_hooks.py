@@ -32,6 +32,8 @@ python rank_hooks.py staging-fails-in-save RANK ITERATION gptrain-args...   that
                                                             of the checkpoint of ITERATION fails
 python rank_hooks.py complete-full ITERATION gptrain-args...   rank 0 cannot write the COMPLETE
                                                             marker of the checkpoint of ITERATION (ENOSPC)
+python rank_hooks.py complete-hangs ITERATION gptrain-args...   rank 0's write of the COMPLETE marker
+                                                            of the checkpoint of ITERATION never returns
 python rank_hooks.py complete-full-slow ITERATION MS gptrain-args...   as complete-full, and every step
                                                             takes MS milliseconds more; each rank prints
                                                             "recorded iteration N" as it ends step N
@@ -303,6 +305,22 @@ def complete_full(iteration: int) -> None:
     manager.atomic_write_text = failing_write
 
 
+def complete_hangs(iteration: int) -> None:
+    """Rank 0's write of the COMPLETE marker of the checkpoint of ITERATION never returns (a stalled mount)."""
+    from gptrain.checkpoint.directory import step_dir_name
+
+    write_text = manager.atomic_write_text
+
+    def never_returning_write(path, text):
+        if path.name == "COMPLETE" and path.parent.name == step_dir_name(iteration):
+            print(f"rank 0: its COMPLETE of iteration {iteration} never returns", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
+        return write_text(path, text)
+
+    manager.atomic_write_text = never_returning_write
+
+
 def complete_full_slow(iteration: int, step_ms: int) -> None:
     """complete_full, with steps long enough for rank 0's marking to fail before the next save."""
     complete_full(iteration)
@@ -328,6 +346,7 @@ HOOKS = {  # name: (install, how many integer arguments it takes)
     "stop-in-save-mkdir": (stop_in_save_mkdir, 2),
     "staging-fails-in-save": (staging_fails_in_save, 2),
     "complete-full": (complete_full, 1),
+    "complete-hangs": (complete_hangs, 1),
     "complete-full-slow": (complete_full_slow, 2),
     "signal-before-start": (signal_before_start, 1),
     "signal-in-startup": (signal_in_startup, 1),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -100,7 +101,8 @@ def test_a_save_notes_only_the_ranks_own_work_each_cleared_before_a_collective(t
         own += [PREPARING, WRITING, "writing the checkpoint's metadata", "marking its checkpoint complete"]
     else:  # a background write outlasts the save's watch: noted only while close() waits for it
         waited, notes = notes[6:], notes[:6]
-        assert set(waited) <= {"waiting for its background write of step_2", None}, waited
+        marking = "waiting for its background thread marking step_2 complete"  # rank 0's own too
+        assert set(waited) <= {"waiting for its background write of step_2", marking, None}, waited
         assert waited[-1] is None, waited
     assert notes == [x for what in own for x in (what, None)], notes
 
@@ -133,6 +135,58 @@ def test_a_background_writes_own_work_is_noted_only_while_the_training_thread_wa
         assert notes[-1] is None and len(notes) == 4
     with own.waited_for(None, "step_4"):  # no watchdog (gptrain eval, tests)
         own(WRITING)
+
+
+def test_rank_0s_background_marking_is_noted_as_its_own_work_while_the_training_thread_waits_for_it():
+    """Rank 0's marking thread (manifest, COMPLETE, latest, pruning) runs after every rank's write; a
+    training thread waiting on a marking that hangs (a stalled mount) was noted busy with nothing."""
+    from concurrent.futures import Future
+
+    from gptrain.checkpoint.background_save import marked_when_written
+    from gptrain.checkpoint.checksum_writer import OwnWork
+    from gptrain.checkpoint.save_report import SaveReport
+
+    own, notes, marking, release = OwnWork(), [], threading.Event(), threading.Event()
+    upload: Future = Future()
+    upload.set_result(None)  # every rank's files written
+
+    def mark() -> None:
+        marking.set()
+        release.wait(10)
+
+    report = SaveReport(2, Path("step_2"), 0.0, 0.0, True)
+    marked = marked_when_written(upload, mark, report, time.perf_counter(), own)
+    assert marking.wait(10)
+    with own.waited_for(notes.append, "step_2"):
+        assert notes == ["waiting for its background thread marking step_2 complete"], notes
+        release.set()
+        marked.result(10)
+        assert notes[-1] is None  # marked: the wait goes on to the save's agreement
+    assert notes[-1] is None
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_rank_0_whose_background_marking_never_returns_is_named_at_the_next_save(tmp_path):
+    """Rank 0's COMPLETE of step 2 never gets written; at the next save rank 0 waits for its marking
+    while rank 1 waits in the save's agreement. The line read "all 2 ranks are inside the checkpoint
+    save of iteration 4", naming nobody."""
+    hooked = [sys.executable, HOOKS, "complete-hangs", "2"]
+    settings = [
+        "trainer.max_steps=100",
+        "trainer.hang_timeout_minutes=0.05",  # 3 s
+        "exp_manager.checkpoint_callback_params.async_save=true",
+    ]
+    processes, lines = hang_lines(tmp_path, settings, hooked)
+    host = socket.gethostname()
+    for line in lines:
+        assert f"hang: stuck rank 0 on host {host} (pid {processes[0].pid}), last seen inside the" in line, (
+            line
+        )
+        assert "save of iteration 4, waiting for its background thread marking step_2 complete (" in line, (
+            line
+        )
+        assert "which rank(s) 1 finished, waiting in the checkpoint save of iteration 4" in line, line
 
 
 @pytest.mark.distributed
