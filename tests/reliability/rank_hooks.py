@@ -34,9 +34,9 @@ python rank_hooks.py complete-full ITERATION gptrain-args...   rank 0 cannot wri
                                                             marker of the checkpoint of ITERATION (ENOSPC)
 python rank_hooks.py complete-hangs ITERATION gptrain-args...   rank 0's write of the COMPLETE marker
                                                             of the checkpoint of ITERATION never returns
-python rank_hooks.py complete-full-slow ITERATION MS gptrain-args...   as complete-full, and every step
-                                                            takes MS milliseconds more; each rank prints
-                                                            "recorded iteration N" as it ends step N
+python rank_hooks.py complete-full-awaited ITERATION gptrain-args...   as complete-full, and rank 0
+                                                            ends the next step once that marking has failed;
+                                                            each rank prints "recorded iteration N" as it ends step N
 python rank_hooks.py signal-before-start RANK gptrain-args...   that rank gets SIGUSR1 while it loads
                                                             its config (before train() installs its handlers)
 python rank_hooks.py runs JSON   several of the above in turn in this one process (a torch start-up per
@@ -321,17 +321,29 @@ def complete_hangs(iteration: int) -> None:
     manager.atomic_write_text = never_returning_write
 
 
-def complete_full_slow(iteration: int, step_ms: int) -> None:
-    """complete_full, with steps long enough for rank 0's marking to fail before the next save."""
+def complete_full_awaited(iteration: int) -> None:
+    """complete_full; rank 0 ends step ITERATION + 1 once its marking of that checkpoint has failed (its
+    future is done), so that its poll finds the failure there, however loaded the machine: the stop
+    flag, not the next save, stops the ranks. Each rank prints "recorded iteration N" as it ends step N."""
+    from concurrent.futures import wait
+
     complete_full(iteration)
+    marking, marked_when_written = {}, manager.marked_when_written
+
+    def kept(upload, mark, report, *args):
+        marking[report.step] = marked_when_written(upload, mark, report, *args)
+        return marking[report.step]
+
     record = step_loop.record
 
-    def record_slowly(s, result, samples=None):
+    def record_then_await(s, result, samples=None):
         record(s, result, samples)
         print(f"recorded iteration {s.state.step}", flush=True)
-        time.sleep(step_ms / 1000)
+        if s.world.rank == 0 and s.state.step == iteration + 1:
+            wait([marking[iteration]])
 
-    step_loop.record = record_slowly
+    manager.marked_when_written = kept
+    step_loop.record = record_then_await
 
 
 HOOKS = {  # name: (install, how many integer arguments it takes)
@@ -347,7 +359,7 @@ HOOKS = {  # name: (install, how many integer arguments it takes)
     "staging-fails-in-save": (staging_fails_in_save, 2),
     "complete-full": (complete_full, 1),
     "complete-hangs": (complete_hangs, 1),
-    "complete-full-slow": (complete_full_slow, 2),
+    "complete-full-awaited": (complete_full_awaited, 1),
     "signal-before-start": (signal_before_start, 1),
     "signal-in-startup": (signal_in_startup, 1),
     "stop-in-validation": (stop_in_validation, 1),
@@ -372,6 +384,7 @@ PATCHED = [
     (checksum_writer, "open_shard_file"),
     (Path, "mkdir"),
     (manager, "atomic_write_text"),
+    (manager, "marked_when_written"),
 ]
 
 
