@@ -85,9 +85,7 @@ class IntervalMeter:
             self.last_batch = batch
         # Megatron's skipped iterations are those that did not update (a nan one is also skipped)
         self.skipped += int(not result.updated)
-        # Megatron's nan iterations: skipped ones whose loss is inf or nan; an fp16 overflow the scaler
-        # cannot back off from (a finite loss) is only skipped, though it counts towards the stop
-        self.nans += int(result.nonfinite and not result.overflow)
+        self.nans += int(result.nan)  # Megatron's nan iterations (StepResult.nan)
         # Megatron prints the grad norm of the last iteration, none when it was skipped
         self.last_grad_norm = result.grad_norm if result.updated else None
         if result.updated:

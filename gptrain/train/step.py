@@ -92,6 +92,13 @@ class StepResult:
     tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def nan(self) -> bool:
+        """Megatron's nan iteration: skipped with a loss or gradients not finite. An fp16 overflow the
+        scaler cannot back off from (a finite loss) is only skipped, though it counts towards the stop;
+        the iteration line's count and the run's total in the checkpoint (TrainState) both use this."""
+        return self.nonfinite and not self.overflow
+
 
 def autocast(device_type: str, precision: str) -> contextlib.AbstractContextManager:
     dtype = PRECISION_DTYPES[precision]

@@ -348,7 +348,7 @@ def record(s: Session, result: StepResult, samples: int | None = None) -> None:
     if result.updated:
         s.schedule.advance(samples / s.cfg.model.global_batch_size)
     st.skipped_iterations += int(not result.updated)
-    st.nan_iterations += int(result.nonfinite)
+    st.nan_iterations += int(result.nan)  # as the iteration line counts them
     st.consecutive_nonfinite = st.consecutive_nonfinite + 1 if result.nonfinite else 0
 
 

@@ -109,6 +109,43 @@ def test_an_overflow_under_a_static_scale_counts_as_non_finite():
     assert result.overflow and result.nonfinite and not result.updated and static.scale == 2.0**12
 
 
+def test_the_checkpointed_run_total_of_nan_iterations_counts_what_the_line_counts():
+    """TrainState.nan_iterations, the run's total saved in each checkpoint's "train" state, still counted
+    an fp16 overflow the scaler cannot back off from (a finite loss), which the iteration line no longer
+    counts as a nan iteration (Megatron's: a skipped iteration whose loss is inf or nan)."""
+    from types import SimpleNamespace
+
+    from gptrain.train.meter import IntervalMeter
+    from gptrain.train.state import TrainState
+    from gptrain.train.step import StepOptions, step_outcome
+    from gptrain.train.step_loop import record
+
+    fp16, bf16 = StepOptions(precision="16"), StepOptions(precision="bf16")
+    static = build_loss_scaler("16", 2.0**12, 1000, 2, static=True)
+    dynamic = DynamicLossScaler(scale=4.0, min_scale=1.0, hysteresis=1)
+    results = [
+        step_outcome(static, fp16, loss=float("nan"), tokens=8, norm=1.0),  # a nan loss
+        step_outcome(
+            static, fp16, loss=2.0, tokens=8, norm=float("inf")
+        ),  # an overflow it cannot back off from
+        step_outcome(dynamic, fp16, loss=2.0, tokens=8, norm=float("inf")),  # one it backs off from
+        step_outcome(ConstantLossScaler(), bf16, loss=2.0, tokens=8, norm=float("inf")),  # inf gradients
+        step_outcome(dynamic, fp16, loss=2.0, tokens=8, norm=3.0),
+    ]
+    s = SimpleNamespace(
+        state=TrainState(),
+        cfg=SimpleNamespace(model=SimpleNamespace(global_batch_size=8)),
+        schedule=SimpleNamespace(advance=lambda fraction: None),
+    )
+    meter = IntervalMeter()
+    for result in results:
+        record(s, result)
+        meter.add(result, lr=1e-4, scale=1.0)
+    assert s.state.skipped_iterations == meter.skipped == 4
+    assert s.state.nan_iterations == meter.nans == 2  # the nan loss and bf16's inf gradients
+    assert s.state.consecutive_nonfinite == 0 and s.state.step == 5
+
+
 def test_a_constant_scale_keeps_the_configured_value_over_the_checkpoints():
     """As Megatron's ConstantGradScaler: the config's scale applies on resume, not the saved one (a
     bf16 checkpoint's 1.0, or the static scale the run had before the config changed it)."""
