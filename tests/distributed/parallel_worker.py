@@ -191,6 +191,8 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
         norms.append(float(norm))
         if spec.get("save_at") == step + 1:
             dcp.save(checkpoint_state(model, optimizer), checkpoint_id=spec["save"])
+    if spec.get("final"):  # the state after the last step: weights, moments, step counts
+        dcp.save(checkpoint_state(model, optimizer), checkpoint_id=spec["final"])
     model.eval()
     held_out = local_microbatches(
         global_batch(10_000, cfg.model.global_batch_size),
