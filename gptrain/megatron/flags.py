@@ -209,6 +209,7 @@ NO_EFFECT: dict[str, int | None] = {
     "--use-dist-ckpt": 0, "--dist-ckpt-format": 1, "--auto-detect-ckpt-format": 0,
     "--ckpt-fully-parallel-save": 0, "--no-ckpt-fully-parallel-save": 0, "--ckpt-fully-parallel-load": 0,
     "--ckpt-assume-constant-structure": 0, "--dist-ckpt-strictness": 1, "--use-persistent-ckpt-worker": 0,
+    "--dist-ckpt-optim-fully-reshardable": 0,
     # logs only
     "--log-world-size-to-tensorboard": 0, "--timing-log-option": 1, "--log-progress": 0, "--log-straggler": 0,
     "--disable-straggler-on-startup": 0, "--straggler-ctrlr-port": 1, "--straggler-minmax-count": 1,
@@ -297,6 +298,10 @@ NO_EFFECT_WHY: dict[str, str] = {
         "gptrain always writes and reads its own sharded checkpoints (torch.distributed.checkpoint), each rank "
         "its shards in parallel; it does not read Megatron's",
     ),
+    # Megatron's distributed optimizer saves its state by DP shard, loadable at another DP only, unless
+    # this flag; gptrain's loads under every layout change (tests/distributed/test_optimizer_resharding)
+    "--dist-ckpt-optim-fully-reshardable": "gptrain's checkpoints hold each parameter's optimizer state whole "
+    "under its name, which loads under any other data, tensor or pipeline parallel layout, or in one process",
     **dict.fromkeys(
         (
             "--tokenizer-hf-use-fast",

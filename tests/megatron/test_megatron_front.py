@@ -562,6 +562,11 @@ CHECKPOINT_FORMAT = (
     "its shards in parallel; it does not read Megatron's"
 )
 
+FULLY_RESHARDABLE = (
+    "gptrain's checkpoints hold each parameter's optimizer state whole under its name, which loads "
+    "under any other data, tensor or pipeline parallel layout, or in one process"
+)
+
 
 @pytest.mark.parametrize(
     ("flag", "values", "why"),
@@ -577,6 +582,8 @@ CHECKPOINT_FORMAT = (
         # review M4: in most of Megatron's functional-test configs, refused as unknown beside these
         ("--dist-ckpt-strictness", " log_all", CHECKPOINT_FORMAT),
         ("--use-persistent-ckpt-worker", "", CHECKPOINT_FORMAT),
+        # in 47 of Megatron's 206 GPT functional-test configs: tests/distributed/test_optimizer_resharding
+        ("--dist-ckpt-optim-fully-reshardable", "", FULLY_RESHARDABLE),
         ("--log-world-size-to-tensorboard", "", None),
         ("--timing-log-option", " minmax", None),
         ("--log-progress", "", None),
