@@ -127,22 +127,34 @@ def results(shared_launches: SharedLaunches, ckpt: Path) -> dict[str, dict]:
     return found
 
 
-def final_state(path: Path) -> dict[str, Any]:
-    """A checkpoint's items, whole, as torch's converter assembles them from every rank's shards."""
+def final_state(path: Path, whole: Path | None = None) -> dict[str, Any]:
+    """A checkpoint's model and optimizer items ("model.<fqn>", "optim.state.<fqn>.exp_avg", ...), whole,
+    as torch's converter assembles them from every rank's shards (into `whole`, beside it by default)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    whole = path.with_suffix(".pt")
+    whole = whole or path.with_suffix(".pt")
     if not whole.exists():
         dcp_to_torch_save(path, whole)
-    sections = torch.load(whole, weights_only=False)  # {"model": {fqn: ...}, "optim": {key: ...}}
-    return {f"{section}.{key}": value for section, items in sections.items() for key, value in items.items()}
+    flat: dict[str, Any] = {}
+
+    def flatten(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                flatten(f"{prefix}{key}.", item)
+        elif prefix.startswith(("model.", "optim.")):
+            flat[prefix[:-1]] = value
+
+    flatten("", torch.load(whole, weights_only=False))
+    return flat
 
 
-def assert_same_state(actual: dict[str, Any], expected: dict[str, Any], what: str) -> None:
-    """Weights and moments to RTOL of each tensor's largest value; step counts and each parameter's
+def assert_same_state(
+    actual: dict[str, Any], expected: dict[str, Any], what: str, rtol: float = RTOL
+) -> None:
+    """Weights and moments to `rtol` of each tensor's largest value; step counts and each parameter's
     hyperparameters exactly. The key biases' gradients are zero in exact arithmetic (q . b_k is the
     same for every key a query sees, which softmax ignores): their weights and moments are round-off
-    (weights ~1e-15 of weights ~1), held to RTOL of the largest value of their kind instead."""
+    (weights ~1e-15 of weights ~1), held to `rtol` of the largest value of their kind instead."""
     assert any(key.endswith(".exp_avg_sq") for key in expected), what
     missing = sorted(set(expected) - set(actual))
     assert not missing, f"{what}: not saved: {missing}"
@@ -163,7 +175,7 @@ def assert_same_state(actual: dict[str, Any], expected: dict[str, Any], what: st
         kind = key.rsplit(".", 1)[-1] if key.startswith("optim.") else "model"
         scale = largest[kind] if ".wk.bias" in key else theirs.abs().max().item()
         error = (ours - theirs).abs().max().item()
-        assert error <= RTOL * scale, f"{what}: {key}: off by {error:.3g} of {scale:.3g}"
+        assert error <= rtol * scale, f"{what}: {key}: off by {error:.3g} of {scale:.3g}"
 
 
 @pytest.mark.parametrize(("source", "target"), RESUMES, ids=[resume_name(*pair) for pair in RESUMES])

@@ -133,6 +133,38 @@ def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path, tor
     assert log_values(parallel, val) == pytest.approx(expected_val[1:], rel=RTOL)
 
 
+def run_torchrun(command: list[str], log_dir: Path, layout: list[str], steps: int) -> None:
+    args = [*command, "-m", "gptrain", "train", "gpt3/126m", *COMMON, *layout, "trainer.devices=2"]
+    args += [f"trainer.max_steps={steps}", f"exp_manager.explicit_log_dir={log_dir}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_an_fsdp_checkpoint_resumes_under_a_virtual_pipeline_with_its_optimizer_state(
+    tmp_path: Path, torchrun
+) -> None:
+    """The loop's own save and load (the checkpoint manager's fit checks, the tied output layer on the
+    last stage) across a layout change: saved under FSDP (DP 2) at step 3, resumed under PP 2 x 2
+    virtual stages to step 6. The losses are one process's, and step 6's weights, Adam moments (to
+    RTOL of each tensor), step counts and hyperparameters (exactly) are the uninterrupted run's."""
+    from test_optimizer_resharding import assert_same_state, final_state
+
+    changed = tmp_path / "fsdp_then_pp2_v2"
+    run_torchrun(torchrun(2), changed, ["model.data_parallel_sharding=full_shard"], 3)
+    pipeline = ["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"]
+    run_torchrun(torchrun(2), changed, pipeline, 6)
+    single = tmp_path / "single"
+    assert train_in_process(single, 6) == 0
+
+    loss = r"\| lm loss: ([0-9.E+-]+) \|"
+    assert "resuming from" in (changed / "nemo_log_globalrank-1_localrank-1.txt").read_text()
+    assert log_values(changed, loss, rank=1) == pytest.approx(log_values(single, loss), rel=RTOL)
+    expected = final_state(single / "checkpoints" / "step_6", tmp_path / "single.pt")
+    actual = final_state(changed / "checkpoints" / "step_6", tmp_path / "changed.pt")
+    assert_same_state(actual, expected, "saved under FSDP, resumed under PP2 x 2 virtual", rtol=RTOL)
+
+
 RAMPS = {  # schedule: (ramp-up, layout)
     "1f1b": (["model.rampup_batch_size=[4,2,12]"], ["model.pipeline_model_parallel_size=2"]),
     "interleaved": (
