@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gptrain.launch.job_states import JobState, summarize
 from gptrain.launch.run_dirs import log_files, stderr_logs
+from gptrain.train.logline import PROCESS_START
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -26,6 +27,9 @@ STOPPED_SAVED = re.compile(r"stopping at iteration \d+: ")
 EXITED_AT_INTERVAL = re.compile(
     r"exiting at iteration (?P<step>\d+): trainer\.exit_interval=\d+(?P<saved>; the same command resumes)?"
 )
+# A line that says the training went on after an exit line read before it (so that one was an earlier
+# attempt's): a training or validation line.
+TRAINED_ON = re.compile(r"\biteration\s+\d+/\s*\d+\s*\||\bvalidation loss at iteration \d+")
 
 
 @dataclass
@@ -76,11 +80,15 @@ def interval_exit_of(record: dict[str, Any] | None) -> str | None:
     last training line is another (it ran to max_steps): exit 0 there is no finished run."""
     if not record or record.get("stage") != "training" or not (logs := log_files(record)):
         return None
-    try:  # read from the end: the exit line is the last training line, no iteration line after it
-        found = next(lines_from_the_end(logs[-1], holding=("iteration",)), "")
+    match = None
+    try:  # read from the end: the exit line is the last training line, no iteration line after it; other
+        # lines that name an iteration may follow it (on a GPU, the memory report "(after N iterations)")
+        for line in lines_from_the_end(logs[-1], holding=("iteration",)):  # PROCESS_START's has it too
+            match = EXITED_AT_INTERVAL.search(line)
+            if match or TRAINED_ON.search(line) or PROCESS_START.match(line):
+                break
     except OSError:
         return None
-    match = EXITED_AT_INTERVAL.search(found)
     if match is None:
         return None
     then = "continue from its checkpoint" if match["saved"] else "start afresh (checkpoints are off)"

@@ -142,6 +142,9 @@ def test_a_slurm_job_stopped_during_start_up_and_not_requeued_says_it_has_no_che
 # gptrain.train.stopping.exit_at_interval's line: exit 0 at trainer.exit_interval, before max_steps
 AT_INTERVAL = "exiting at iteration 120: trainer.exit_interval=120; the same command resumes from its checkpoint; exit 0"
 CONTINUES = "stopped at its exit interval at iteration 120, not finished; launch the same command again to continue from its checkpoint"
+# gptrain.train.builders.log_memory's report, which a GPU run prints after the exit line
+MEMORY = "[Rank 0] (after 120 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 | reserved: 3.0 | max reserved: 4.0"
+BANNER = "gptrain: 124,082,688 parameters | 6.306e+12 FLOPs per iteration | 1 microbatches per step"
 
 
 @pytest.mark.parametrize(
@@ -152,6 +155,8 @@ CONTINUES = "stopped at its exit interval at iteration 120, not finished; launch
          " (stopped at its exit interval at iteration 120, not finished; launch the same command again to"
          " start afresh (checkpoints are off))"),
         ([AT_INTERVAL, LINE.replace("120/", "121/")], ""),  # an exit line of an attempt before the last
+        ([AT_INTERVAL, MEMORY], f" ({CONTINUES})"),  # on a GPU
+        ([AT_INTERVAL, MEMORY, BANNER, MEMORY], ""),  # a later attempt that trained no step
         ([], ""),  # ran to max_steps
     ],
 )  # fmt: skip
