@@ -49,6 +49,9 @@ def test_a_requeued_jobs_first_line_gives_no_eta_and_an_ended_job_none(tmp_path)
     log.write_text(banner + LINE.replace("120/", "119/") + "\n" + LINE + "\n")
     assert status.progress(log).endswith("| ETA 11:54")
     assert status.progress(log, running=False) == "step 120/1000 | loss 3.2110 | 812 ms/step"
+    # the restarted process has printed its banner and no step yet: the line before is the earlier process's
+    log.write_text(banner + LINE.replace("120/", "119/") + "\n" + LINE + "\n" + banner)
+    assert status.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step"
 
 
 @pytest.mark.parametrize("label", ["0: ", " 0: ", "12: "])
