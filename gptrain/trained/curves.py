@@ -2,7 +2,7 @@
 
 The iteration and validation lines gptrain prints are Megatron-LM's, so this also plots
 logs of Megatron-LM and NeMo runs. A resumed run repeats the steps after its last
-checkpoint; files are read oldest first, and where the iterations go back (a resume) every
+checkpoint; files are read in the order their attempts began, and where the iterations go back (a resume) every
 point from there on is dropped: the steps an abandoned attempt logged past the checkpoint are
 not the run's, even where the resumed attempt has not reached them yet.
 """
@@ -10,11 +10,13 @@ not the run's, even where the resumed attempt has not reached them yet.
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from gptrain.errors import DataError
@@ -35,6 +37,8 @@ WARM_UP_FIELDS = (STEP_TIME, THROUGHPUT)
 # The last iteration marker of a line: a line torn by a kill (a full disk, SIGKILL) has the resumed
 # attempt's first line appended to it, and only that one is whole.
 _ITERATION = re.compile(r".*\biteration\s+(\d+)/\s*\d+\s*\|(.*)$")
+# The time stamp gptrain's and Megatron-LM's iteration lines start with (microseconds: gptrain's only).
+_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] iteration\s")
 _VALIDATION = re.compile(r"\bvalidation loss at iteration (\d+)(?: on (\w+) set)?\s*\|(.*)$")
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 SKIP_DIRS = frozenset({"checkpoints", "plots", "__pycache__"})
@@ -64,6 +68,9 @@ class RunMetrics:
     valid: dict[str, dict[int, float]] = field(default_factory=dict)
     last_step: int | None = None
     """The iteration of the last training line read (a lower one next is a resume)."""
+    began: float | None = None
+    """When the first training point read was logged (its line's time stamp, its event's wall time),
+    in seconds; None where it says none."""
 
     def resume_at(self, step: int) -> None:
         """Drop every point at or after `step`: a resumed attempt logs the run from there on."""
@@ -113,6 +120,8 @@ def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> 
     for line in lines:
         if match := _ITERATION.match(line):  # anchored: the leading .* scans a line once
             step = int(match.group(1))
+            if metrics.began is None and (stamps := _STAMP.findall(line)):  # torn: the whole line's
+                metrics.began = datetime.fromisoformat(stamps[-1]).timestamp()
             if metrics.last_step is not None and step < metrics.last_step:  # equal: a line read twice
                 metrics.resume_at(step)
             metrics.last_step = step
@@ -169,11 +178,14 @@ def read_log(path: Path) -> list[RunMetrics]:
 
 def merge_attempts(parts: list[RunMetrics]) -> RunMetrics:
     """One run from the files of its attempts (a Slurm .out or an events file each, or one log that
-    holds them all), taken in the order of the first iteration each logs (a resumed attempt never
-    starts before the one it resumes; file times do not survive a copy): a file that starts at or
-    before what came before it is a resumed attempt, and replaces those steps."""
+    holds them all), taken in the order they began: by the time their first point was logged where
+    every file says it (not the file's time, which a copy does not keep; not the first step, as an
+    attempt after a rewind to an earlier checkpoint starts before the abandoned one it replaces), else
+    by their first iteration. A file that starts at or before what came before it is a resumed attempt,
+    and replaces those steps."""
     merged = RunMetrics()
-    for part in sorted(parts, key=_attempt_order):
+    stamped = all(part.began is not None for part in parts if part.first_step() is not None)
+    for part in sorted(parts, key=lambda part: _attempt_order(part, stamped)):
         first = part.first_step()
         if first is not None and merged.last_step is not None and first <= merged.last_step:
             merged.resume_at(first)
@@ -184,12 +196,13 @@ def merge_attempts(parts: list[RunMetrics]) -> RunMetrics:
     return merged
 
 
-def _attempt_order(part: RunMetrics) -> tuple[bool, int, int]:
-    """Files with training steps by their first one, then by their last (of two that start
-    together, the one that goes further: the run's own log, which holds every attempt, after one
-    attempt's .out); files with validation lines only last."""
+def _attempt_order(part: RunMetrics, stamped: bool) -> tuple[bool, float, int, int]:
+    """Files with training steps by when they began (`stamped`: where every one says it), then by
+    their first step, then by their last (of two that start together, the one that goes further: the
+    run's own log, which holds every attempt, after one attempt's .out); files with validation lines
+    only last."""
     first, last = part.first_step(), max((s for points in part.train.values() for s in points), default=0)
-    return first is None, first or 0, last
+    return first is None, (part.began or 0.0) if stamped else 0.0, first or 0, last
 
 
 def _normalise_tag(tag: str) -> str:
@@ -224,7 +237,8 @@ def read_tensorboard(run_dir: Path) -> RunMetrics:
         accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
         accumulator.Reload()
         part = RunMetrics()  # one events file per process: an attempt of the run
-        for (name, valid), points in _tensorboard_series(accumulator).items():
+        series, part.began = _tensorboard_series(accumulator)
+        for (name, valid), points in series.items():
             (part.valid if valid else part.train).setdefault(name, {}).update(points)
         for name in WARM_UP_FIELDS:  # a process's first step: gptrain wrote its timing before it left it out
             part.train.get(name, {}).pop(part.first_step(), None)
@@ -232,17 +246,21 @@ def read_tensorboard(run_dir: Path) -> RunMetrics:
     return merge_attempts(parts)
 
 
-def _tensorboard_series(accumulator) -> dict[tuple[str, bool], dict[int, float]]:
-    """{(series, is validation): {step: value}} of one events file's known tags."""
+def _tensorboard_series(accumulator) -> tuple[dict[tuple[str, bool], dict[int, float]], float | None]:
+    """{(series, is validation): {step: value}} of one events file's known tags, and the wall time
+    of its first training event."""
     found: dict[tuple[str, bool], dict[int, float]] = {}
+    began = None
     for tag in accumulator.Tags().get("scalars", []):
         target = _TB_TAGS.get(_normalise_tag(tag))
         if target is None:
             continue
         name, valid, scale = target
-        points = found.setdefault((name, valid), {})
-        points.update({event.step: scale * event.value for event in accumulator.Scalars(tag)})
-    return found
+        events = accumulator.Scalars(tag)
+        found.setdefault((name, valid), {}).update({event.step: scale * event.value for event in events})
+        if not valid and events:
+            began = min(began or math.inf, *(event.wall_time for event in events))
+    return found, began
 
 
 def refuse_several_runs(root: Path) -> None:

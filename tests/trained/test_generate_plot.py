@@ -178,6 +178,50 @@ def test_a_resume_in_tensorboard_drops_the_abandoned_attempts_later_steps(tmp_pa
     assert metrics.series(LOSS, valid=True) == ([], [])
 
 
+def test_after_a_rewind_the_newest_attempt_is_the_run_not_the_abandoned_one(tmp_path: Path, capsys) -> None:
+    """Job 1 logged steps 1-10, job 2 resumed at 10 and logged 11-15 with a loss spike, the user rewound
+    to step 5 and job 3 logged 6-13. Files were ordered by their first step, so job 3 came before job 2
+    and the spiked attempt was drawn as the run to step 15, whatever the files' times. Each attempt is
+    ordered by its first line's time stamp."""
+    from datetime import datetime, timedelta
+
+    from gptrain.train.logline import IterationLog, format_iteration_line
+
+    def lines(steps: range, loss: float, hour: int) -> list[str]:
+        return [
+            format_iteration_line(
+                IterationLog(step, 20, 8 * step, 100.0, 1e-4, 8, loss, 1.0, 0, 0),
+                now=datetime(2026, 11, 1, hour) + timedelta(seconds=step),
+            )
+            for step in steps
+        ]
+
+    attempts = (lines(range(1, 11), 3.0, 1), lines(range(11, 16), 9.0, 2), lines(range(6, 14), 2.5, 3))
+    for job, text in enumerate(attempts, 1):
+        (tmp_path / f"slurm-{job}.out").write_text("\n".join(text) + "\n")
+        os.utime(tmp_path / f"slurm-{job}.out", (job, job))
+    (tmp_path / "run.log").write_text("\n".join(sum(attempts, [])) + "\n")  # the run's log: all three
+    assert read_run_metrics(tmp_path).series(LOSS) == (list(range(1, 14)), [3.0] * 5 + [2.5] * 8)
+    os.utime(tmp_path / "slurm-3.out", (0, 0))  # times lost in a copy
+    assert read_run_metrics(tmp_path).series(LOSS) == (list(range(1, 14)), [3.0] * 5 + [2.5] * 8)
+    assert run_subcommand(add_plot_parser, ["plot", str(tmp_path)]) == 0
+    assert "train lm loss: 3.000 at iteration 1 -> 2.500 at 13\n" in capsys.readouterr().out
+
+
+def test_after_a_rewind_tensorboard_draws_the_newest_attempt(tmp_path: Path) -> None:
+    """The same rewind with one events file per attempt: ordered by their first event's wall time."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    for attempt, (steps, loss) in enumerate(((range(1, 11), 3.0), (range(11, 16), 9.0), (range(6, 14), 2.5))):
+        writer = SummaryWriter(str(tmp_path), filename_suffix=f".{attempt}")
+        for step in steps:
+            writer.add_scalar("lm loss", loss, step, walltime=1e9 + 3600 * attempt + step)
+        writer.close()
+        for events in tmp_path.glob(f"events.out.tfevents.*.{attempt}"):
+            os.utime(events, (attempt + 1, attempt + 1))
+    assert read_run_metrics(tmp_path).series(LOSS) == (list(range(1, 14)), [3.0] * 5 + [2.5] * 8)
+
+
 def read_png_size(path: Path) -> tuple[int, int]:
     """Width and height from the IHDR chunk, after checking the signature and the chunk CRC."""
     data = path.read_bytes()
