@@ -33,6 +33,9 @@ PLOTTED = (LOSS, LEARNING_RATE, STEP_TIME, THROUGHPUT)
 # times a step): its time and throughput are no point of the curves, a spike after every restart that
 # set the chart's scale. Its loss is.
 WARM_UP_FIELDS = (STEP_TIME, THROUGHPUT)
+# Where a Megatron-LM process starts (its log has no gptrain banner): its arguments block, and its line
+# before the first step ('[before the start of training step] datetime: ...'); after `srun -l`'s task id too.
+MEGATRON_PROCESS_START = re.compile(r"-{8,} arguments -{8,}|\[before the start of training step\]")
 
 # The last iteration marker of a line: a line torn by a kill (a full disk, SIGKILL) has the resumed
 # attempt's first line appended to it, and only that one is whole.
@@ -116,7 +119,7 @@ def _training_fields(text: str) -> dict[str, float]:
 def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> RunMetrics:
     """Add the numbers of Megatron iteration and validation lines in `lines` to `metrics`."""
     metrics = metrics if metrics is not None else RunMetrics()
-    warm_up = False  # the next iteration line is a process's first (gptrain's banner came before it)
+    warm_up = False  # the next iteration line is a process's first (a process's start came before it)
     for line in lines:
         if match := _ITERATION.match(line):  # anchored: the leading .* scans a line once
             step = int(match.group(1))
@@ -131,7 +134,7 @@ def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> 
             warm_up = False
             for name, value in fields.items():
                 metrics.train.setdefault(name, {})[step] = value
-        elif PROCESS_START.match(line):
+        elif PROCESS_START.match(line) or MEGATRON_PROCESS_START.search(line):
             warm_up = True
         elif (match := _VALIDATION.search(line)) and match.group(2) in (None, "validation"):
             step = int(match.group(1))

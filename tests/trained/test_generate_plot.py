@@ -1442,3 +1442,26 @@ def test_a_processs_first_step_time_is_no_point_of_the_curves(tmp_path: Path) ->
         writer.add_scalar("iteration-time", seconds, step)
     writer.close()
     assert read_tensorboard(tmp_path).series(STEP_TIME) == ([4, 8], [375.0, 500.0])
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        "------------------------ arguments ------------------------",
+        "[before the start of training step] datetime: 2026-11-29 10:00:00 ",
+    ],
+)
+def test_a_megatron_lm_processs_first_step_time_is_no_point_of_the_curves(tmp_path: Path, start: str) -> None:
+    """A Megatron-LM log has no gptrain banner: the first step of each process (255,940 ms in the Slurm
+    tutorial's log) was drawn, a spike after every requeue that set the step-time and TFLOP/s charts'
+    scale. Megatron's own start lines (its arguments block, its 'before the start of training step')
+    mark a process start, with `srun -l`'s task id before them too."""
+    lines = [f"   0: {start}", megatron_iteration_line(1, 300, 5.0, 1e-4, 240000.0, 0.1)]
+    lines += [megatron_iteration_line(it, 300, 4.0, 1e-4, 6000.0, 4.0) for it in (2, 200)]
+    lines += [f"   0: {start}", megatron_iteration_line(101, 300, 3.9, 1e-4, 250000.0, 0.1)]  # requeued
+    lines += [megatron_iteration_line(it, 300, 3.0, 1e-4, 6100.0, 4.1) for it in (102, 300)]
+    (tmp_path / "slurm-1.out").write_text("\n".join(lines) + "\n")
+    metrics = read_run_metrics(tmp_path)
+    assert metrics.series(STEP_TIME) == ([2, 102, 300], [6000.0, 6100.0, 6100.0])
+    assert metrics.series(THROUGHPUT) == ([2, 102, 300], [4.0, 4.1, 4.1])
+    assert metrics.series(LOSS) == ([1, 2, 101, 102, 300], [5.0, 4.0, 3.9, 3.0, 3.0])
