@@ -11,6 +11,10 @@ It sees slowness after the step's last collective (optimizer, host stalls, loggi
 slow inside the overlapped backward is found by `gptrain validate gpus` instead. Validation and
 checkpoint saves are left out of the step time (`excluded`), as the iteration line leaves them out:
 every rank spends them alike, and in a line they hid a slow rank behind minutes of common time.
+A process's first logged step writes no line: it holds the process's start-up (the file opens before
+the start-up agreement, where the ranks that finished early wait for the last) and its compilation,
+which named the rank that waited, after every restart, as the iteration line and the curves leave
+that step's time out.
 
 A file past ROTATE_BYTES is renamed `rank-<r>.jsonl.1` (replacing the one before) just before the
 next line is written, so each rank keeps at most about twice that (thousands of logged steps of
@@ -47,6 +51,7 @@ class StepTimes:
     size: int = 0  # of the file after this process's last write (0 before the first)
     rotate_bytes: int = ROTATE_BYTES
     excluded_s: float = 0.0  # validation and saves since the last line
+    warm_up: bool = True  # the next logged step is the process's first: start-up, not step time
 
     @classmethod
     def open(cls, log_dir: Path, rank: int, world_size: int) -> StepTimes:
@@ -71,14 +76,14 @@ class StepTimes:
         result = sync()
         now = time.perf_counter()
         self.steps += 1
-        if logged and self.path is not None:
+        if logged and self.path is not None and not self.warm_up:
             step_ms = max(0.0, now - self.last - self.excluded_s) / self.steps * 1000
             line = {"step": step, "rank": self.rank, "world": self.world, "node": self.node}
             line["step_ms"] = round(step_ms, 3)
             line["wait_ms"] = round((now - started) * 1000, 3)
             self.append(json.dumps(line) + "\n")
         if logged:
-            self.last, self.steps, self.excluded_s = now, 0, 0.0
+            self.last, self.steps, self.excluded_s, self.warm_up = now, 0, 0.0, False
         return result
 
     def append(self, text: str) -> None:

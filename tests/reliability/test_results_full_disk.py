@@ -16,13 +16,14 @@ def test_step_times_on_a_full_disk_are_given_up_and_training_goes_on(tmp_path, c
     write raised out of the step-end agreement and ended the run with `gptrain: error: No space left
     on device` (no file named), its peers with gloo's 'Connection closed by peer'."""
     times = StepTimes.open(tmp_path, rank=1, world_size=2)
-    assert times.timed_sync(1, True, lambda: "agreed") == "agreed"
+    assert times.timed_sync(1, True, lambda: "agreed") == "agreed"  # the process's first: no line
+    assert times.timed_sync(2, True, lambda: "agreed") == "agreed"
     with files_cannot_grow():
-        assert times.timed_sync(2, True, lambda: "agreed") == "agreed"
-        assert times.timed_sync(3, True, lambda: None) is None  # given up: not tried again
-    assert times.timed_sync(4, True, lambda: None) is None  # nor once there is room again
+        assert times.timed_sync(3, True, lambda: "agreed") == "agreed"
+        assert times.timed_sync(4, True, lambda: None) is None  # given up: not tried again
+    assert times.timed_sync(5, True, lambda: None) is None  # nor once there is room again
     lines = (tmp_path / "step_times" / "rank-1.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [1]
+    assert [json.loads(line)["step"] for line in lines] == [2]
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith(f"gptrain: WARNING: cannot write {tmp_path / 'step_times' / 'rank-1.jsonl'}: ")

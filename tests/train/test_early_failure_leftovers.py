@@ -78,5 +78,7 @@ def test_the_step_times_folder_of_a_multi_rank_run_is_made_at_its_first_line(tmp
     assert list(tmp_path.iterdir()) == []
     assert times.timed_sync(1, False, lambda: None) is None  # an iteration without a log line: nothing
     assert list(tmp_path.iterdir()) == []
-    times.timed_sync(2, True, lambda: None)
+    times.timed_sync(2, True, lambda: None)  # the process's first logged step: start-up, no line
+    assert list(tmp_path.iterdir()) == []
+    times.timed_sync(3, True, lambda: None)
     assert [p.name for p in (tmp_path / "step_times").iterdir()] == ["rank-1.jsonl"]

@@ -133,7 +133,7 @@ def test_two_rank_training_writes_step_times_and_status_prints_the_line(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     times = tmp_path / "results/gpt3_126m/results/step_times"
     rows = [json.loads(x) for x in (times / "rank-1.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(
+    assert [r["step"] for r in rows] == [2, 3, 4] and all(  # 1: the process's first, its start-up
         r["rank"] == 1 and r["world"] == 2 and r["step_ms"] > 0 for r in rows
     )
     assert sorted(p.name for p in times.iterdir()) == ["rank-0.jsonl", "rank-1.jsonl"]
@@ -161,6 +161,7 @@ def test_a_rank_file_is_bounded_and_its_newest_line_stays_readable(tmp_path: Pat
 
     times = StepTimes.open(tmp_path, rank=3, world_size=2)
     times.rotate_bytes = 1000
+    times.timed_sync(0, True, lambda: None)  # the process's first logged step: no line
     for step in range(1, 101):
         times.timed_sync(step, True, lambda: None)
         current, previous = times.path, times.path.with_name("rank-3.jsonl.1")
@@ -172,3 +173,42 @@ def test_a_rank_file_is_bounded_and_its_newest_line_stays_readable(tmp_path: Pat
     ]
     assert steps == list(range(steps[0], 101)) and steps[0] > 1  # the newest, in order, none lost between
     assert [row["step"] for row in newest_lines(tmp_path / "step_times")] == [100]
+
+
+class SteppedClock:
+    """time as StepTimes reads it, moved on by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def waiting(self, seconds: float):
+        def sync() -> None:
+            self.now += seconds
+
+        return sync
+
+
+def test_a_processs_first_logged_step_is_no_step_times_line(tmp_path: Path, monkeypatch) -> None:
+    """A process's first logged step holds its start-up: its file opens before the start-up agreement
+    (where ranks that finished start-up early wait for the last), and its first step compiles. Its
+    line charged that wait as busy time to the rank that waited, and a resumed run's first straggler
+    line named that rank, against a median of the warm-up; the next logged step's line is the first."""
+    from gptrain.train import step_times
+
+    clock = SteppedClock()
+    monkeypatch.setattr(step_times, "time", clock)
+    times = step_times.StepTimes.open(tmp_path, rank=0, world_size=2)
+    clock.now += 4.0  # waiting for rank 1 at the start-up agreement
+    clock.now += 10.0  # the first step's compilation
+    times.timed_sync(1001, True, clock.waiting(0.5))
+    assert not (tmp_path / "step_times").exists()
+    for step in range(1002, 1011):
+        clock.now += 0.75  # busy
+        times.timed_sync(step, step == 1010, clock.waiting(0.25))
+    rows = [json.loads(text) for text in (tmp_path / "step_times" / "rank-0.jsonl").read_text().splitlines()]
+    assert rows == [
+        {"step": 1010, "rank": 0, "world": 2, "node": times.node, "step_ms": 1000.0, "wait_ms": 250.0}
+    ]
