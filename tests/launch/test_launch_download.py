@@ -4,6 +4,7 @@ import fcntl
 import gzip
 import hashlib
 import http.server
+import io
 import lzma
 import os
 import random
@@ -288,6 +289,62 @@ def test_a_rate_limited_download_waits_as_asked_and_retries(tmp_path, monkeypatc
         dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=3, backoff=0.5)
     assert dest.read_bytes() == PAYLOAD and len(server.requests) == 3
     assert waits == [3.0, 3.0]  # Retry-After, longer than the backoff's 0.5 and 1.0
+
+
+class TenSecondsAClock:
+    """time as gptrain.utils.progress reads it: `step` (10) s later at every reading."""
+
+    def __init__(self, step: float = 10.0) -> None:
+        self.now, self.step = 0.0, step
+
+    def perf_counter(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+FOUR_MIB = bytes(range(256)) * 16384  # read in four 1 MiB chunks
+
+
+def test_a_download_says_its_progress_rate_and_eta(tmp_path, monkeypatch, capsys):
+    """A shard of gigabytes downloaded in silence: the task's log said nothing from its start to the
+    tokenizer's command, minutes or hours later, nor whether the download moved at all. It prints
+    what it has, of what size, its rate and ETA, at most every 30 s in a log (not a terminal), and
+    what it took at the end; a resumed download counts the bytes it had, its rate only the new ones."""
+    from gptrain.utils import progress
+
+    monkeypatch.setattr(progress, "time", TenSecondsAClock())
+    with Server({"/a.bin": FOUR_MIB}) as server:
+        download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=1, backoff=0)
+    assert capsys.readouterr().err.splitlines() == [
+        "download a.bin: 3.0 of 4.0 MiB (75.0%) | 0.1 MiB/s | ETA 00:10",  # at 40 s, 30 s after its start
+        "download a.bin: done, 4.0 MiB in 00:50 (0.08 MiB/s)",
+    ]
+    (tmp_path / "b.bin.part").write_bytes(FOUR_MIB[: 1 << 20])  # an earlier job's part
+    monkeypatch.setattr(progress, "time", TenSecondsAClock())
+    with Server({"/b.bin": FOUR_MIB}) as server:
+        download(Shard(server.url + "/b.bin"), tmp_path / "b.bin", retries=1, backoff=0)
+    assert (tmp_path / "b.bin").read_bytes() == FOUR_MIB
+    assert capsys.readouterr().err.splitlines() == [
+        "download b.bin: 4.0 of 4.0 MiB (100.0%) | 0.1 MiB/s | ETA 00:00",
+        "download b.bin: done, 4.0 MiB in 00:40 (0.075 MiB/s; resumed at 1.0 MiB)",
+    ]
+
+
+def test_a_download_on_a_terminal_says_its_progress_every_2_s(tmp_path, monkeypatch):
+    from gptrain.utils import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(progress, "time", TenSecondsAClock(step=3.0))
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    with Server({"/a.bin": FOUR_MIB}) as server:
+        download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=1, backoff=0)
+    lines = sys.stderr.getvalue().splitlines()
+    assert [line.split(" | ")[0] for line in lines[:-1]] == [
+        f"download a.bin: {mib}.0 of 4.0 MiB ({25 * mib}.0%)" for mib in (1, 2, 3, 4)
+    ]
 
 
 def test_missing_file_and_retries_give_up(tmp_path):
