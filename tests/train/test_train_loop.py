@@ -150,6 +150,26 @@ def test_exit_interval_saves_exits_zero_and_the_resume_is_bit_exact(uninterrupte
     assert all(torch.equal(resumed[k], full[k]) for k in full)
 
 
+def test_status_reads_the_exit_interval_stop_past_the_memory_report_a_gpu_prints(tmp_path, monkeypatch):
+    """On CUDA the training prints Megatron's memory report after its exit line ('(after 5 iterations)
+    memory (MB)'), and status took that line for the last training line: a run stopped at
+    trainer.exit_interval was a bare COMPLETED. Here log_memory prints as it does on a GPU."""
+    from gptrain.launch import record_state
+
+    monkeypatch.setattr(builders, "log_memory", lambda log, device, step: log(
+        f"[Rank 0] (after {step} iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 | reserved: 3.0"
+        " | max reserved: 4.0"))  # fmt: skip
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, "trainer.exit_interval=5"))
+    assert code == 0 and log_lines(tmp_path)[-1].startswith("[Rank 0] (after 5 iterations) memory (MB) |")
+    log = str(tmp_path / "nemo_log_globalrank-0_localrank-0.txt")
+    record = {"event": "submitted", "stage": "training", "executor": "local", "job_id": "local-1", "log": log}
+    ended = {"event": "finished", "job_id": "local-1", "exit_code": code}
+    assert record_state.job_state(record, [record, ended]).describe() == (
+        "COMPLETED (stopped at its exit interval at iteration 5, not finished; launch the same command again"
+        " to continue from its checkpoint)"
+    )
+
+
 def test_a_stop_at_the_exit_intervals_own_step_ends_the_run_there_with_exit_0(tmp_path, monkeypatch):
     """A stop signal agreed at iteration 5, trainer.exit_interval's own step, saved and exited 75: the
     batch script requeued the job, which trained on to the next exit interval (here max_steps) that the
