@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import lzma
 import os
@@ -20,6 +21,7 @@ from gptrain.utils.atomic import (
     replace_as_plain_file,
     temporary_sibling,
 )
+from gptrain.utils.progress import ByteProgress
 from gptrain.utils.signals import terminate_as_exception
 
 CHUNK = 1 << 20
@@ -42,16 +44,20 @@ def strip_compression(name: str) -> str:
     return name
 
 
-def decompressed_blocks(path: Path) -> Iterator[bytes]:
+def decompressed_blocks(path: Path, progress: ByteProgress | None = None) -> Iterator[bytes]:
     """The archive's content block by block; an archive cut short raises EOFError at its end
-    (zstandard's stream reader just stopped there, so a cut-off .zst extracted as a short file)."""
-    with open(path, "rb") as raw:
+    (zstandard's stream reader just stopped there, so a cut-off .zst extracted as a short file).
+    `progress` is told the archive's bytes read."""
+    with open(path, "rb") as raw, contextlib.ExitStack() as stack:
         if path.suffix == ".zst":
-            yield from zstd_blocks(raw, CHUNK)
-            return
-        with EXTRACTORS[path.suffix](raw) as source:
-            while block := source.read(CHUNK):
-                yield block
+            blocks = zstd_blocks(raw, CHUNK)
+        else:
+            source = stack.enter_context(EXTRACTORS[path.suffix](raw))
+            blocks = iter(lambda: source.read(CHUNK), b"")
+        for block in blocks:
+            yield block
+            if progress is not None:
+                progress.update(nbytes=raw.tell() - progress.bytes)
 
 
 def extract(path: Path, keep: bool = False) -> Path:
@@ -64,14 +70,16 @@ def extract(path: Path, keep: bool = False) -> Path:
         remove_stale_extractions(target)
         tmp = temporary_sibling(target)
         try:
+            progress = ByteProgress(f"extract {path.name}", path.stat().st_size, what="MiB of the archive")
             with terminate_as_exception(), open(tmp, "wb") as out:  # a time limit's SIGTERM: cleaned up
                 hold(out)
-                for block in decompressed_blocks(path):
+                for block in decompressed_blocks(path, progress):
                     out.write(block)
                 out.flush()
                 os.fsync(out.fileno())  # the data on disk before its name: a crash kept the name, empty
             replace_as_plain_file(tmp, target)  # a plain write's mode, not mkstemp's 0600
             fsync_directory(target.parent)  # the name on disk before the archive's removal
+            progress.finished()
         except EOFError:
             raise DataError(
                 f"{path}: the archive ends too soon (cut short: an interrupted download or copy);"

@@ -27,9 +27,7 @@ from gptrain.errors import DataError
 from gptrain.launch.extraction import CHUNK
 from gptrain.launch.shards import Shard
 from gptrain.utils.atomic import atomic_write_text, fsync_directory, replace_as_plain_file
-from gptrain.utils.progress import Progress, format_duration, format_rate
-
-MIB = float(1 << 20)
+from gptrain.utils.progress import ByteProgress
 
 
 def fetch_once(url: str, part: Path, timeout: float) -> None:
@@ -70,7 +68,8 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
         total = range_start_and_total(response.headers.get("Content-Range"))[1] if status == 206 else None
         if total is None and expected is not None and expected.isdigit():
             total = had + int(expected)
-        progress = DownloadProgress(url, had, total)
+        name = urllib.parse.urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1] or url
+        progress = ByteProgress(f"download {name}", total, had)
         written = 0
         with open(part, mode) as out:
             if mode == "wb":  # the old bytes cut first: none ever lies under the new file's validator
@@ -82,39 +81,6 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
         if expected is not None and written != int(expected):
             raise ConnectionError(f"short read: {written} of {expected} bytes")
         progress.finished()
-
-
-class DownloadProgress(Progress):
-    """`download a.bin: 3.0 of 4.0 MiB (75.0%) | 0.1 MiB/s | ETA 00:10` on stderr: a shard of
-    gigabytes is minutes to hours of a task's log. Every 2 s on a terminal, every 30 s in a log (a
-    Slurm .out), where a line every 2 s would be thousands. A resumed download counts the bytes it
-    had towards its size, and only the new ones towards its rate."""
-
-    def __init__(self, url: str, had: int, total: int | None) -> None:
-        name = urllib.parse.urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1] or url
-        stream = sys.stderr
-        interval = 2.0 if stream.isatty() else 30.0
-        super().__init__(f"download {name}", "MiB", total_bytes=total, interval=interval, stream=stream)
-        self.had = had
-
-    def line(self, now: float | None = None) -> str:
-        elapsed = max(1e-9, (self.elapsed if now is None else now - self.start))
-        got, rate = self.had + self.bytes, self.bytes / elapsed
-        if not self.total_bytes:
-            return f"{self.label}: {got / MIB:,.1f} MiB | {format_rate(rate / MIB)} MiB/s"
-        parts = [f"{self.label}: {got / MIB:,.1f} of {self.total_bytes / MIB:,.1f} MiB"]
-        parts[0] += f" ({100 * min(1.0, got / self.total_bytes):.1f}%)"
-        parts.append(f"{format_rate(rate / MIB)} MiB/s")
-        if rate > 0:
-            parts.append(f"ETA {format_duration(max(0.0, self.total_bytes - got) / rate)}")
-        return " | ".join(parts)
-
-    def finished(self) -> None:
-        elapsed = max(1e-9, self.elapsed)
-        text = f"{self.label}: done, {(self.had + self.bytes) / MIB:,.1f} MiB in {format_duration(elapsed)}"
-        text += f" ({format_rate(self.bytes / elapsed / MIB)} MiB/s"
-        text += f"; resumed at {self.had / MIB:,.1f} MiB)" if self.had else ")"
-        print(text, file=self.stream, flush=True)
 
 
 Validator = tuple[str, str]  # (header, value): ("ETag", '"5f3a"') or ("Last-Modified", an HTTP date)

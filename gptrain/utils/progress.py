@@ -82,3 +82,41 @@ class Progress:
     @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+
+MIB = float(1 << 20)
+
+
+class ByteProgress(Progress):
+    """`download a.bin: 3.0 of 4.0 MiB (75.0%) | 0.1 MiB/s | ETA 00:10` for work over a file's bytes
+    (a download, an extraction): minutes to hours of a task's log. Every 2 s on a terminal, every 30 s
+    in a log (a Slurm .out), where a line every 2 s would be thousands. `had`: bytes done before (a
+    resumed download's part), counted towards the size, not the rate. `what`: the unit as printed."""
+
+    def __init__(
+        self, label: str, total: int | None, had: int = 0, what: str = "MiB", stream: TextIO | None = None
+    ) -> None:
+        stream = stream if stream is not None else sys.stderr
+        interval = 2.0 if stream.isatty() else 30.0
+        super().__init__(label, "MiB", total_bytes=total, interval=interval, stream=stream)
+        self.had, self.what = had, what
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = max(1e-9, self.elapsed if now is None else now - self.start)
+        got, rate = self.had + self.bytes, self.bytes / elapsed
+        if not self.total_bytes:
+            return f"{self.label}: {got / MIB:,.1f} {self.what} | {format_rate(rate / MIB)} MiB/s"
+        parts = [f"{self.label}: {got / MIB:,.1f} of {self.total_bytes / MIB:,.1f} {self.what}"]
+        parts[0] += f" ({100 * min(1.0, got / self.total_bytes):.1f}%)"
+        parts.append(f"{format_rate(rate / MIB)} MiB/s")
+        if rate > 0:
+            parts.append(f"ETA {format_duration(max(0.0, self.total_bytes - got) / rate)}")
+        return " | ".join(parts)
+
+    def finished(self) -> None:
+        """The last line: what it did, in what time."""
+        elapsed = max(1e-9, self.elapsed)
+        text = f"{self.label}: done, {(self.had + self.bytes) / MIB:,.1f} {self.what} in {format_duration(elapsed)}"
+        text += f" ({format_rate(self.bytes / elapsed / MIB)} MiB/s"
+        text += f"; resumed at {self.had / MIB:,.1f} MiB)" if self.had else ")"
+        print(text, file=self.stream, flush=True)

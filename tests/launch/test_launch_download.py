@@ -396,12 +396,33 @@ def test_a_cut_off_archive_is_refused_and_kept(tmp_path, suffix, compress):
     assert extract(archive).read_bytes() == content and not archive.exists()
 
 
+def test_an_extraction_says_its_progress_rate_and_eta(tmp_path, monkeypatch, capsys):
+    """Extracting a shard (about 28 GB of text from a Pile shard) printed nothing until the tokenizer's
+    command, minutes later. It says how much of the archive it has read, at what rate, and its ETA,
+    every 30 s in a log, and what it took at the end."""
+    import re
+
+    from gptrain.utils import progress
+
+    monkeypatch.setattr(progress, "time", TenSecondsAClock())
+    archive = tmp_path / "s.jsonl.gz"
+    archive.write_bytes(gzip.compress(random.Random(0).randbytes(4 << 20), compresslevel=1))
+    assert extract(archive).stat().st_size == 4 << 20
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert re.fullmatch(
+        r"extract s\.jsonl\.gz: 3\.\d of 4\.0 MiB of the archive \(7\d\.\d%\) \| 0\.1 MiB/s \| ETA 00:\d\d",
+        lines[0],
+    ), lines
+    assert lines[1] == "extract s.jsonl.gz: done, 4.0 MiB of the archive in 00:50 (0.08 MiB/s)"
+
+
 TERMINATED_MIDWAY = """
 import os, signal, sys
 from pathlib import Path
 from gptrain.launch import extraction
 
-def blocks(path):
+def blocks(path, progress=None):
     yield b"a" * 1000
     os.kill(os.getpid(), signal.SIGTERM)  # a time limit, halfway through the extraction
     yield b"b" * 1000
