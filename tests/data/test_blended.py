@@ -151,6 +151,22 @@ def test_oversampled_child_is_a_data_error(tmp_path):
         BlendedDataset(children, [0.5, 0.5], 10, "train", str(tmp_path), names=["small (train split)", "big"])
 
 
+def test_a_child_asked_for_one_sample_past_its_end_is_refused_and_its_whole_length_builds(tmp_path):
+    """The check's boundary: a blend of 10 at [0.5, 0.5] takes 5 samples from each child. One of 4
+    is refused (read on, its sample 4 would be an IndexError mid-training); one of 5 gives each of
+    its samples exactly once."""
+    names = ["small (train split)", "big"]
+    with pytest.raises(DataError, match=r"takes 5 samples from small \(train split\) which has only 4"):
+        BlendedDataset(
+            [Numbered(0, 4), Numbered(1, 100)], [0.5, 0.5], 10, "train", str(tmp_path), names=names
+        )
+    blend = BlendedDataset(
+        [Numbered(0, 5), Numbered(1, 100)], [0.5, 0.5], 10, "train", str(tmp_path), names=names
+    )
+    taken = sorted(int(blend[i][1]) for i in range(len(blend)) if blend[i][0] == 0)
+    assert taken == [0, 1, 2, 3, 4]
+
+
 def test_bad_weights_are_data_errors(tmp_path):
     for weights in ([1, -1], [0, 0], [1, 0], [1, float("nan")]):  # Megatron-core asserts each > 0
         with pytest.raises(DataError, match=r"blend weights must be positive"):
