@@ -13,6 +13,7 @@ from gptrain.config.schema import PER_SPLIT_KEYS
 from gptrain.data.blend_spec import parse_blend, yaml_number_note
 from gptrain.data.blended import BlendedDataset, normalize
 from gptrain.data.gpt_dataset import GPTDataset
+from gptrain.data.map_limit import OutOfMemoryMaps
 from gptrain.data.mock import MockGPTDataset
 from gptrain.data.split_sizes import sample_counts  # noqa: F401  (its home before; callers import it here)
 from gptrain.data.splits import LEGACY_DEFAULT_SPLIT, SPLIT_NAMES, split_ranges
@@ -251,8 +252,11 @@ def _build_splits(
             prefixes[0], splits_string, seq_length, seed, num_samples, cache_dir, skip_unused, only_split
         )
     else:
-        datasets = _blend_splits(prefixes, weights, splits_string, seq_length, seed, num_samples,
-                                 cache_dir, skip_unused, only_split, surplus, surplus_named)  # fmt: skip
+        try:
+            datasets = _blend_splits(prefixes, weights, splits_string, seq_length, seed, num_samples,
+                                     cache_dir, skip_unused, only_split, surplus, surplus_named)  # fmt: skip
+        except OutOfMemoryMaps as error:
+            raise error.of_blend(len(prefixes)) from None
     return datasets[0], datasets[1], datasets[2]
 
 

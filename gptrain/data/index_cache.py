@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from gptrain.data.map_limit import OutOfMemoryMaps
 from gptrain.errors import DataError, os_error_text
 from gptrain.utils.atomic import atomic_write, atomic_write_text
-from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
+from gptrain.utils.limits import is_out_of_memory_maps, is_too_many_open_files, too_many_open_files
 
 logger = logging.getLogger(__name__)
 ORPHAN_AGE_S = 3600.0  # a builder writes a file in minutes at most, and its mtime moves as it writes
@@ -119,12 +120,17 @@ class IndexCache:
         # os.path, not pathlib: False where the directory may not be searched (save() then says so)
         if not os.path.isfile(self.path("description.txt")):
             return None
+        arrays: dict[str, np.ndarray] = {}
         try:
-            arrays = {name: np.load(self.path(f"{name}.npy"), mmap_mode="r") for name in names}
+            for name in names:
+                arrays[name] = np.load(self.path(f"{name}.npy"), mmap_mode="r")
             problem = check(arrays) if check is not None else None
         except (OSError, ValueError, EOFError) as error:  # EOFError: numpy's word for an empty .npy
+            path = self.path(f"{names[len(arrays)]}.npy") if len(arrays) < len(names) else self.path("*")
             if isinstance(error, OSError) and is_too_many_open_files(error):
-                raise DataError(too_many_open_files(self.path(f"{names[0]}.npy"), error)) from None
+                raise DataError(too_many_open_files(path, error)) from None
+            if isinstance(error, OSError) and is_out_of_memory_maps(error):  # a sound cache: never rebuilt
+                raise OutOfMemoryMaps.now(path) from None
             problem = str(error)
         if problem is not None:
             logger.warning("ignoring unreadable index cache %s: %s", self.path("*"), problem)

@@ -22,11 +22,12 @@ import numpy as np
 
 from gptrain.data.blend_spec import strip_suffix
 from gptrain.data.finalize import finalize_together
+from gptrain.data.map_limit import OutOfMemoryMaps
 from gptrain.data.pair_check import pair_problem
 from gptrain.data.write_cleanup import make_directories, remove_if_empty, report_stale_temporaries
 from gptrain.errors import DataError, os_error_text
 from gptrain.utils.atomic import hold, temporary_sibling
-from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
+from gptrain.utils.limits import is_out_of_memory_maps, is_too_many_open_files, too_many_open_files
 
 MAGIC = b"MMIDIDX\x00\x00"
 # The index of Megatron's lazy and cached formats (--dataset-impl lazy|cached), gone from Megatron in 2023.
@@ -79,7 +80,7 @@ def optimal_dtype(vocab_size: int, entries: int | None = None) -> np.dtype:
 
 def _map_file(path: Path) -> np.ndarray:
     """Read-only byte view of a file; numpy cannot memory-map an empty file. A file that cannot be
-    opened (permissions, an I/O error of the file system) is a one-line error naming it."""
+    opened (permissions, an I/O error of the file system) or mapped is a one-line error naming it."""
     try:
         if path.stat().st_size == 0:
             return np.empty(0, dtype=np.uint8)
@@ -87,6 +88,8 @@ def _map_file(path: Path) -> np.ndarray:
     except OSError as error:
         if is_too_many_open_files(error):
             raise DataError(too_many_open_files(path, error)) from None
+        if is_out_of_memory_maps(error):  # not the file's fault: a blend of thousands of shards
+            raise OutOfMemoryMaps.now(path) from None
         raise DataError(
             f"{path}: cannot be read ({error.strerror or error}); check its permissions and file system"
         ) from None

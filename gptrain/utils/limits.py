@@ -59,3 +59,54 @@ def too_many_open_files(path: object, error: OSError) -> str:
         "dataset open: raise the limit (`ulimit -n`, or the hard limit in /etc/security/limits.conf "
         "or the Slurm node's) or merge shards with `gptrain data merge`"
     )
+
+
+# Maps a blend holds per dataset with its three splits built: the .idx and the .bin, and each split's
+# 3 cached index arrays (np.load(mmap_mode="r")); each split's blend adds 2. Measured: 559 for 50.
+MAPS_PER_DATASET = 11
+_DEFAULT_MAX_MAP_COUNT = 65530  # Linux's, where /proc cannot say
+
+
+def is_out_of_memory_maps(error: OSError) -> bool:
+    """mmap's ENOMEM: the process's maps would pass vm.max_map_count, or its address space is full."""
+    return error.errno == errno.ENOMEM
+
+
+def memory_maps() -> tuple[int | None, int | None]:
+    """(memory maps this process holds, vm.max_map_count): None where /proc does not say (not Linux)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            held = sum(1 for _ in maps)
+        with open("/proc/sys/vm/max_map_count") as most:
+            return held, int(most.read())
+    except (OSError, ValueError):
+        return None, None
+
+
+def out_of_memory_maps(path: object, maps: tuple[int | None, int | None], datasets: int | None = None) -> str:
+    """The one line for mmap's ENOMEM while mapping `path` (not its fault). `maps`: memory_maps() when
+    it failed (a blend's maps are released as the error leaves it); `datasets`: how many the blend maps."""
+    held, limit = maps
+    if held is not None and limit is not None and held < limit * 0.9:
+        return (
+            f"{path}: cannot be memory-mapped (ENOMEM) with {held:,} of the {limit:,} memory maps "
+            "vm.max_map_count allows in use: the process's address space limit (`ulimit -v`) or the node's "
+            "memory is met; lift the limit where the job starts (`ulimit -v unlimited`)"
+        )
+    need = f"; a blend maps about {MAPS_PER_DATASET} per dataset"
+    if datasets is not None:
+        need += (
+            f", about {MAPS_PER_DATASET * datasets:,} for its {datasets:,} datasets besides the process's own"
+        )
+    base = limit or _DEFAULT_MAX_MAP_COUNT
+    # room for the process's own maps (torch, CUDA: thousands) besides the blend's
+    wanted = max(2 * base, base + MAPS_PER_DATASET * (datasets or 0))
+    suggested = 1 << (wanted - 1).bit_length()
+    if held is None or limit is None:
+        holds = f"may hold all the memory maps vm.max_map_count allows (Linux's default: {base:,})"
+    else:
+        holds = f"holds {held:,} memory maps, all that vm.max_map_count ({limit:,}) allows"
+    return (
+        f"{path}: cannot be memory-mapped (ENOMEM): this process {holds}{need}: raise the limit on every node "
+        f"(as root: `sysctl -w vm.max_map_count={suggested}`) or merge shards into fewer with `gptrain data merge`"
+    )
