@@ -85,11 +85,7 @@ def sync_tied_embedding_grads(parts: list[nn.Module], group: dist.ProcessGroup |
         for module in (getattr(part, "tok_embeddings", None), getattr(part, "output", None)):
             if module is None or module.weight.grad is None:
                 continue
-            weight, grad = module.weight, module.weight.grad
-            if isinstance(grad, DTensor) and grad.placements != weight.placements:
-                # The TP embedding's backward yields a replicated gradient; match the output's shards.
-                grad = grad.redistribute(weight.device_mesh, weight.placements)
-                weight.grad = grad
+            grad = module.weight.grad  # both Shard(0) over the vocabulary under TP
             local = grad.to_local() if isinstance(grad, DTensor) else grad
             dist.all_reduce(local, group=group)
 

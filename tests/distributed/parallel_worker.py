@@ -3,7 +3,7 @@
 Run by tests/distributed/parallel_harness.py with RANK/WORLD_SIZE/MASTER_* in the environment and a
 JSON job as argv[1] ({"runs": [spec, ...], "out": path}); rank 0 writes one
 {"losses": [...], "grad_norms": [...]} per run to job["out"] (for a spec with "probe": "dropout",
-every rank's dropout outputs instead: `dropout_probe`).
+every rank's dropout outputs instead: `dropout_probe`; "embedding_grads": `embedding_grads_probe`).
 The same script with WORLD_SIZE=1 is the single-process reference. Each run seeds the global
 streams as the training loop does (per rank), so the layouts also show that weights and data
 do not depend on them.
@@ -128,7 +128,12 @@ def train(spec: dict[str, Any]) -> dict[str, list[float]]:
     previous, streams = torch.get_default_dtype(), rng_state()  # the reference runs in pytest's process
     torch.set_default_dtype(getattr(torch, spec.get("dtype", "float64")))
     try:
-        probe = {"dropout": dropout_probe, "collectives": collectives_probe}.get(spec.get("probe", ""))
+        probes = {
+            "dropout": dropout_probe,
+            "collectives": collectives_probe,
+            "embedding_grads": embedding_grads_probe,
+        }
+        probe = probes.get(spec.get("probe", ""))
         if spec.get("expect_refusal"):
             return refusal(probe or _train, spec)
         return (probe or _train)(spec)
@@ -354,6 +359,54 @@ def collectives_probe(spec: dict[str, Any]) -> dict[str, Any]:
         "microbatches": len(micro),
         "layers": m.num_layers,
     }
+
+
+def embedding_grads_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """One forward/backward: each embedding weight's and gradient's placements and local shape, the
+    whole gradient, and the numbers the data-parallel all-reduce of the gradients (GradAllReduce,
+    run once more under the recorder) carries against this rank's parameter shards."""
+    cfg, model = setup(spec)
+    ctx, m = model.ctx, cfg.model
+    micro = local_microbatches(
+        global_batch(0, m.global_batch_size), m.micro_batch_size, ctx.dp_rank, ctx.dims.dp
+    )
+    forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)
+    modules = {name: getattr(model, name, None) for name in ("tok_embeddings", "output")}
+    embeddings = {
+        name: {
+            "weight": placements(module.weight),
+            "weight_local": list(local(module.weight).shape),
+            "grad": placements(module.weight.grad),
+            "grad_local": list(local(module.weight.grad).shape),
+            "grad_full": whole(module.weight.grad).flatten().tolist(),
+        }
+        for name, module in modules.items()
+        if module is not None
+    }
+    mine: dict[str, Any] = {"embeddings": embeddings, "dp_all_reduce": None}
+    mine["shards"] = sum(local(p).numel() for p in {id(p): p for p in model.parameters()}.values())
+    if ctx.grad_sync is not None:
+        recorder = ReductionRecorder()
+        with recorder.recording():
+            ctx.grad_sync()
+        mine["dp_all_reduce"] = sum(numel for kind, numel in recorder.reductions if kind == "all_reduce")
+    if not dist.is_initialized():
+        return {"ranks": [mine]}
+    every: list[Any] = [None] * ctx.dims.world_size
+    dist.all_gather_object(every, mine)
+    return {"ranks": every}
+
+
+def placements(tensor: torch.Tensor) -> list[str]:
+    return [repr(p) for p in tensor.placements] if isinstance(tensor, DTensor) else []
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def main() -> int:
