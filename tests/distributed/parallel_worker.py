@@ -246,8 +246,8 @@ def dropout_probe(spec: dict[str, Any]) -> dict[str, Any]:
     """One training forward/backward with dropout on; every rank's record, gathered on rank 0.
 
     A rank's record: its seed, its (pipeline, tensor) rank by arithmetic and by the mesh, the
-    output of each dropout module's first call, in call order (mask: output != 0), and the
-    modules whose input was a DTensor.
+    output of each dropout module's first call, in call order (mask: output != 0), the
+    modules whose input was a DTensor, and the dropout modules still training after model.eval().
     """
     cfg, model = setup(spec)
     outputs: dict[str, torch.Tensor] = {}
@@ -277,12 +277,21 @@ def dropout_probe(spec: dict[str, Any]) -> dict[str, Any]:
     forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)
     for handle in handles:
         handle.remove()
+    model.eval()  # reaches the embedding's dropout, which is no child of ParallelGPT, only of a part
+    training_in_eval = [
+        name
+        for part in model.parts
+        for name, module in part.named_modules()
+        if isinstance(module, nn.Dropout) and module.training
+    ]
+    model.train()
     mine = {
         "seed": torch.initial_seed(),
         "ranks": list(model_parallel_ranks(ctx.dims, world_from_env().rank)),
         "mesh_ranks": [ctx.pp_rank, ctx.tp_rank],
         "outputs": {name: out.flatten().tolist() for name, out in outputs.items()},
         "on_dtensor": on_dtensor,
+        "training_in_eval": training_in_eval,
     }
     every = [None] * ctx.dims.world_size
     dist.all_gather_object(every, mine)

@@ -347,12 +347,14 @@ def test_an_fp16_loss_scale_divides_out_under_every_layout(
 
 def probe_ranks(results: dict, name: str) -> list[dict]:
     """The probe's per-rank records, after the checks every probe shares: the (stage, tensor) rank
-    the seed comes from is the mesh's, and no dropout ran on a DTensor (DTensor's RNG tracker,
-    which broadcasts rank 0's CUDA state, is never involved)."""
+    the seed comes from is the mesh's, no dropout ran on a DTensor (DTensor's RNG tracker,
+    which broadcasts rank 0's CUDA state, is never involved), and model.eval() turned every dropout
+    of the chunks off (the embedding's is no child of ParallelGPT: ParallelGPT.train reaches it)."""
     ranks = results[name]["ranks"]
     for record in ranks:
         assert record["ranks"] == record["mesh_ranks"], name
         assert record["on_dtensor"] == [], name
+        assert record["training_in_eval"] == [], name
         for mask in masks(record).values():  # dropout really ran
             assert 0.05 < mask.count(False) / len(mask) < 0.15, name
     return ranks
