@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,13 @@ class _Output:
     writer: IndexedDatasetWriter
     companion: Companion | None
     temp: Path | None = None  # the companion's new text, staged
+    moved: set[str] = field(default_factory=set)  # the steps of _move_all_into_place taken
+
+
+def state_after(error: OSError) -> str | None:
+    """What each output now is where `error` came past the first rename step (the new dataset may be
+    in place, so 'cannot write' would read as nothing written); None before it (the old outputs whole)."""
+    return getattr(error, "gptrain_outputs_state", None)
 
 
 def finalize_together(
@@ -98,7 +105,30 @@ def _move_all_into_place(outputs: Sequence[_Output]) -> None:
             if number == 0 and isinstance(error, OSError):
                 raise  # the first old index is still there: the caller removes the new files
             _finish_moves(outputs, steps[number:])
+            if isinstance(error, OSError):  # read by state_after; the error itself is unchanged
+                error.gptrain_outputs_state = _state(outputs)  # type: ignore[attr-defined]
             raise
+        output.moved.add(step)
+
+
+def _state(outputs: Sequence[_Output]) -> str:
+    """What each output is after the moves finished where they could."""
+    said = []
+    for output in outputs:
+        name = output.writer.bin_path.stem
+        if "idx" in output.moved:
+            expected = output.companion is not None and output.companion.text is not None
+            lacks = expected and "companion" not in output.moved
+            said.append(f"{name}: the new dataset{', without its tokenizer record' if lacks else ''}")
+        elif "unlink" not in output.moved and output.writer.idx_path.exists():
+            said.append(f"{name}: the old dataset, as it was")
+        else:
+            said.append(f"{name}: its new tokens without an index")
+    return (
+        "while renaming the new files into place; "
+        + "; ".join(said)
+        + " (write it again for a complete dataset)"
+    )
 
 
 def _take_step(output: _Output, step: str) -> None:
@@ -129,6 +159,7 @@ def _finish_moves(outputs: Sequence[_Output], steps: list[tuple[_Output, str]]) 
             continue  # its .bin did not move, or an old record stays that would describe it
         with contextlib.suppress(BaseException):  # a second Ctrl-C must not cut the finish short
             _take_step(output, step)
+            output.moved.add(step)
     for output in outputs:
         output.writer._done = True  # abort() must not remove what is now the output
         output.writer._remove_temps()  # what moved is gone from there; what did not is dropped

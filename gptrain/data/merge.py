@@ -17,7 +17,7 @@ from typing import TextIO
 
 import numpy as np
 
-from gptrain.data.finalize import Companion, finalize_together
+from gptrain.data.finalize import Companion, finalize_together, state_after
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, strip_suffix
 from gptrain.data.jsonl import file_identity
 from gptrain.data.record_mix import mixed_preparation_lines
@@ -109,6 +109,8 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
                 progress.update(1)
             finalize_together([writer], [_carried_record(output_prefix, record)])
     except OSError as error:  # disk full, permissions: the inputs were validated on open
+        if (state := state_after(error)) is not None:  # past the first rename: the new data may be in place
+            raise DataError(f"--output-prefix {output_prefix}: {error}, {state}") from None
         raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
     IndexedDataset(output_prefix).verify()  # reads only the .idx, ~1/1000 of the copied bytes
     return MergeResult(len(prefixes), writer.num_documents, writer.num_tokens, writer.path_prefix)

@@ -34,7 +34,7 @@ from typing import TextIO
 
 import numpy as np
 
-from gptrain.data.finalize import Companion, finalize_together
+from gptrain.data.finalize import Companion, finalize_together, state_after
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
 from gptrain.data.null_tokenizer import IdsRefused
@@ -251,6 +251,8 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             records = _tokenizer_records(stats.outputs, config, vocabulary)
             finalize_together(writers, records)  # all outputs new, or (on error) all as they were
     except OSError as error:  # reading errors are DataErrors already, but for opening an input
+        if (state := state_after(error)) is not None:  # past the first rename: the new data may be in place
+            raise DataError(f"--output-prefix {config.output_prefix}: {error}, {state}") from None
         if error.filename is not None and str(error.filename) in {str(path) for path in paths}:
             raise DataError(f"--input {error.filename}: cannot read ({error.strerror or error})") from None
         raise DataError(f"--output-prefix {config.output_prefix}: cannot write ({error})") from None

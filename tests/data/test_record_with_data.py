@@ -130,3 +130,53 @@ def test_past_the_first_step_the_new_index_goes_in_only_where_the_old_record_is_
     else:
         assert state(prefix) == left
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    ("fails", "said"),
+    [
+        ({"companion"}, "out_text_document: the new dataset, without its tokenizer record"),
+        ({"stale", "companion"}, "out_text_document: its new tokens without an index"),
+        ({"unlink"}, "cannot write"),  # the first step: the old dataset is as it was
+    ],
+)
+def test_a_failure_during_the_renames_says_what_each_output_now_is(
+    tmp_path, monkeypatch, capsys, fails, said
+):
+    """Past the first rename the new dataset may be in place: 'cannot write' read as nothing written."""
+    assert prepare(tmp_path) == 0
+    take_step = finalize._take_step
+
+    def refused(output, step):
+        if step in fails:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        take_step(output, step)
+
+    monkeypatch.setattr(finalize, "_take_step", refused)
+    capsys.readouterr()
+    assert prepare(tmp_path, "--append-eod") == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert ("cannot write" in err) == (fails == {"unlink"})
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_merge_failing_during_the_renames_says_what_its_output_now_is(tmp_path, monkeypatch, capsys):
+    assert prepare(tmp_path) == 0
+    take_step = finalize._take_step
+
+    def refused(output, step):
+        if step == "companion":
+            raise PermissionError(errno.EACCES, "Permission denied")
+        take_step(output, step)
+
+    monkeypatch.setattr(finalize, "_take_step", refused)
+    capsys.readouterr()
+    merged = str(tmp_path / "merged")
+    assert (
+        main(["data", "merge", "--input", str(tmp_path / "out_text_document"), "--output-prefix", merged])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "merged: the new dataset, without its tokenizer record" in err
+    assert "cannot write" not in err
