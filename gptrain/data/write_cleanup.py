@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from gptrain.data.tokenizer_record import SUFFIX
 from gptrain.utils.atomic import remove_stale_temporaries
 
 
@@ -57,8 +58,11 @@ STALE_TEMPORARY_S = 3600.0
 def report_stale_temporaries(bin_path: Path) -> None:
     """Remove what a writer of this output killed by SIGKILL (an OOM kill, KillWait past a Slurm
     time limit) left, as large as its output: no cleanup ran, and nothing else ever removes it.
-    Recent ones may be a live writer's (another job on the same output): named, not touched."""
+    Recent ones may be a live writer's (another job on the same output): named, not touched. The
+    tokenizer record's staged temporary (gptrain.data.finalize) too: a kill before its rename left it."""
     removed, kept = remove_stale_temporaries(bin_path, STALE_TEMPORARY_S)
+    record_removed, record_kept = remove_stale_temporaries(bin_path.with_suffix(SUFFIX), STALE_TEMPORARY_S)
+    removed, kept = removed + record_removed, kept + record_kept
     if removed:
         print(
             f"gptrain: removed {_count_files(removed)} beside {bin_path}, left by a write of it that did not finish",
@@ -66,7 +70,7 @@ def report_stale_temporaries(bin_path: Path) -> None:
         )
     if kept:
         print(
-            f"gptrain: WARNING: {_count_files(kept)} beside {bin_path} (.{bin_path.name}.*.tmp in "
+            f"gptrain: WARNING: {_count_files(kept)} beside {bin_path} (.{bin_path.stem}.*.tmp in "
             f"{bin_path.parent}) were written in the last hour by another write of it, running or killed: "
             "delete them if none runs",
             file=sys.stderr,

@@ -8,6 +8,7 @@ import contextlib
 import errno
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -180,3 +181,18 @@ def test_a_merge_failing_during_the_renames_says_what_its_output_now_is(tmp_path
     err = capsys.readouterr().err
     assert "merged: the new dataset, without its tokenizer record" in err
     assert "cannot write" not in err
+
+
+def test_a_killed_writers_record_temporary_is_removed_by_the_next_write_of_that_output(tmp_path, capsys):
+    """A kill between staging the tokenizer record and its rename left `.<prefix>.tokenizer.XXXXXXXX.tmp`:
+    the sweep of a killed writer's temporaries took only the `.bin`'s."""
+    old = time.time() - 2 * 3600
+    dead = tmp_path / ".out_text_document.tokenizer.dead1abc.tmp"  # mkstemp's 8 characters
+    dead.write_text("{}")
+    os.utime(dead, (old, old))
+    other = tmp_path / ".other_text_document.tokenizer.deadbeef.tmp"  # another output's
+    other.write_text("{}")
+    os.utime(other, (old, old))
+    assert prepare(tmp_path) == 0
+    assert not dead.exists() and other.exists()
+    assert "removed 1 temporary file" in capsys.readouterr().err
