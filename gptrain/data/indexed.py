@@ -86,13 +86,19 @@ def _map_file(path: Path) -> np.ndarray:
             return np.empty(0, dtype=np.uint8)
         return np.memmap(path, mode="r", dtype=np.uint8)
     except OSError as error:
-        if is_too_many_open_files(error):
-            raise DataError(too_many_open_files(path, error)) from None
-        if is_out_of_memory_maps(error):  # not the file's fault: a blend of thousands of shards
-            raise OutOfMemoryMaps.now(path) from None
-        raise DataError(
-            f"{path}: cannot be read ({error.strerror or error}); check its permissions and file system"
-        ) from None
+        raise map_error(path, error) from None
+
+
+def map_error(path: Path, error: OSError) -> DataError:
+    """The one line for a failed open or map of `path`: out of descriptors or memory maps is not the
+    file's fault (a blend of thousands of shards), anything else is its permissions or file system."""
+    if is_too_many_open_files(error):
+        return DataError(too_many_open_files(path, error))
+    if is_out_of_memory_maps(error):
+        return OutOfMemoryMaps.now(path)
+    return DataError(
+        f"{path}: cannot be read ({error.strerror or error}); check its permissions and file system"
+    )
 
 
 class IndexedDataset:

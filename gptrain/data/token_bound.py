@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from gptrain.data.index_cache import remembered
-from gptrain.data.indexed import IndexedDataset
+from gptrain.data.indexed import IndexedDataset, map_error
 from gptrain.errors import DataError
 from gptrain.utils.progress import Progress
 from gptrain.utils.rank import is_rank_zero
@@ -82,7 +82,10 @@ def _scan(dataset: IndexedDataset) -> int:
         file=sys.stderr,
         flush=True,
     )
-    view = np.memmap(dataset.bin_path, dtype=dataset.dtype, mode="r", shape=(tokens,))
+    try:  # a map of its own: past the open-file or memory-map limit this one fails
+        view = np.memmap(dataset.bin_path, dtype=dataset.dtype, mode="r", shape=(tokens,))
+    except OSError as error:
+        raise map_error(dataset.bin_path, error) from None
     progress = Progress(f"largest token id of {dataset.bin_path}", "tokens", total=tokens)
     largest = None
     for start in range(0, tokens, CHUNK_TOKENS):

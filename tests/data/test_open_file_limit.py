@@ -79,3 +79,28 @@ def test_an_unlimited_soft_limit_is_left_alone(monkeypatch):
     monkeypatch.setattr(resource, "getrlimit", lambda which: (unlimited, unlimited))
     monkeypatch.setattr(resource, "setrlimit", lambda which, limits: calls.append(limits))
     assert raise_open_file_limit() == unlimited and calls == []
+
+
+@pytest.mark.parametrize(
+    ("number", "said"),
+    [
+        (errno.EMFILE, "too many open files (this process may hold "),
+        (errno.ENOMEM, "vm.max_map_count"),
+        (errno.EIO, "cannot be read (Input/output error)"),
+    ],
+)
+def test_the_largest_id_scan_running_out_is_one_line(tmp_path, monkeypatch, number, said):
+    """The scan for the largest token id maps the .bin again: a blend past the open-file or memory-map
+    limit met it there, as a traceback."""
+    from gptrain.data import token_bound
+
+    dataset = IndexedDataset(write_dataset(tmp_path / "shard", [3, 4]))
+
+    def refused(*args, **kwargs):
+        raise OSError(number, {errno.EIO: "Input/output error"}.get(number, "no"))
+
+    monkeypatch.setattr(np, "memmap", refused)
+    with pytest.raises(DataError) as error:
+        token_bound._scan(dataset)
+    message = str(error.value)
+    assert "\n" not in message and said in message and str(dataset.bin_path) in message
