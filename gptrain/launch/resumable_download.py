@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import shutil
 import sys
 import time
 import urllib.error
@@ -188,7 +187,7 @@ def download(
         if shard.url.startswith("file://"):
             source = urllib.request.url2pathname(shard.url[len("file://") :])
             try:
-                shutil.copyfile(source, part)
+                copy_with_progress(Path(source), part)
             except OSError as error:
                 raise DataError(f"{shard.url}: cannot copy: {error.strerror}; check the path") from None
         else:
@@ -200,6 +199,16 @@ def download(
         fsync_directory(dest.parent)
         validator_file(part).unlink(missing_ok=True)
     return dest
+
+
+def copy_with_progress(source: Path, part: Path) -> None:
+    """A file:// shard (often gigabytes on a shared file system) copied with a download's progress lines."""
+    with open(source, "rb") as src, open(part, "wb") as out:
+        progress = ByteProgress(f"download {source.name}", os.fstat(src.fileno()).st_size)
+        while chunk := src.read(CHUNK):
+            out.write(chunk)
+            progress.update(nbytes=len(chunk))
+    progress.finished()
 
 
 def check_existing(dest: Path, shard: Shard) -> None:

@@ -639,3 +639,20 @@ def test_the_tokenize_step_passes_megatrons_tiktoken_settings(tmp_path):
     assert tiktoken_options(build_parser().parse_args(plain[3:])) == TiktokenFileOptions(
         None, None, 1000, None
     )
+
+
+def test_a_file_url_copy_says_its_progress_as_a_download(tmp_path, monkeypatch, capsys):
+    """A file:// shard (a dataset on a shared file system) was copied with shutil.copyfile in silence:
+    gigabytes over NFS with no line from the task until the tokenizer's command."""
+    from gptrain.utils import progress
+
+    source = tmp_path / "src" / "a.bin"
+    source.parent.mkdir()
+    source.write_bytes(FOUR_MIB)
+    monkeypatch.setattr(progress, "time", TenSecondsAClock())
+    download(Shard(f"file://{source}"), tmp_path / "a.bin", retries=1)
+    assert (tmp_path / "a.bin").read_bytes() == FOUR_MIB
+    assert capsys.readouterr().err.splitlines() == [
+        "download a.bin: 3.0 of 4.0 MiB (75.0%) | 0.1 MiB/s | ETA 00:10",
+        "download a.bin: done, 4.0 MiB in 00:50 (0.08 MiB/s)",
+    ]
