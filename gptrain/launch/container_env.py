@@ -21,6 +21,7 @@ from typing import Any
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.key_types import boolean
+from gptrain.launch.script_quoting import env_lines
 from gptrain.launch.srun_args import srun_long_option, srun_option_words
 
 CONTAINER_ENV_KEY = "cluster.container_env"
@@ -41,9 +42,34 @@ def exported_names(script: str) -> list[str]:
     inside the image would replace the image's own (its PATH, its LD_LIBRARY_PATH)."""
     names: list[str] = []
     for name, value in EXPORT_LINE.findall(script):
-        if f'"${{{name}-}}"' not in value and name not in names:
+        if not _from_own_value(name, value) and name not in names:
             names.append(name)
     return names
+
+
+def _from_own_value(name: str, exported: str) -> bool:
+    """Whether an export line's value (as env_lines renders it) reads the variable itself."""
+    return f'"${{{name}-}}"' in exported
+
+
+def own_value_note(top: dict[str, Any], cluster: dict[str, Any]) -> str | None:
+    """A launch note naming the env_vars built from their own host value where a container is used:
+    left out of --container-env, the image's value wins inside it and the user's part is lost unsaid."""
+    if not top.get("container") or not container_env_on(cluster):
+        return None
+    lines = "\n".join(env_lines(top.get("env_vars")))
+    names = list(
+        dict.fromkeys(name for name, value in EXPORT_LINE.findall(lines) if _from_own_value(name, value))
+    )
+    if not names:
+        return None
+    many = len(names) > 1
+    return (
+        f"note  env_vars {', '.join(names)} {'are' if many else 'is'} built from {'their' if many else 'its'} own"
+        f" host value (${names[0]}), so not named in --container-env (the host's whole value would replace the"
+        f" image's): in container {top['container']} the image's value is kept; set {'them' if many else 'it'}"
+        " in the image, or give the whole value without the reference to have it win"
+    )
 
 
 def without_container_env(args: list[str]) -> tuple[list[str], list[str]]:

@@ -17,6 +17,7 @@ from gptrain.launch.additional_parameters import (
     per_gpu_option,
 )
 from gptrain.launch.compose import CONFIG_ROOT, STAGES, compose
+from gptrain.launch.container_env import own_value_note
 from gptrain.launch.download import tokenizer_downloads
 from gptrain.launch.key_types import switch_of
 from gptrain.launch.live_jobs import blend_readers, cancel_never_starting, refuse_launch_into_live_run
@@ -120,6 +121,8 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
             f"note  container {container} looks like NeMo's image, which has no gptrain: the job runs "
             "`python -m gptrain` inside it; set container=null or an image with gptrain installed"
         )
+    if plan.cluster_type == "slurm" and (own := own_value_note(plan.top, plan.cluster)) is not None:
+        notes.append(own)
     exp_manager = (plan.configs.get("training") or {}).get("exp_manager") or {}
     saving = switch_of(exp_manager, "create_checkpoint_callback", True, "training.exp_manager")
     if (

@@ -193,3 +193,23 @@ def test_srun_help_that_hangs_is_cut_off(tmp_path, monkeypatch):
     bin_dir = stub_bin(tmp_path, srun="exec sleep 30\n")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     check_srun_reads_container_env({}, timeout=0.5)  # no answer: nothing said, no traceback
+
+
+def test_a_variable_built_from_its_own_host_value_is_named_in_a_launch_note(tmp_path, monkeypatch):
+    """Left out of --container-env, `LD_LIBRARY_PATH: /x:$LD_LIBRARY_PATH` keeps the image's value in the
+    container, the /x lost with no word: a launch note names such variables where a container is used."""
+    from gptrain.launch.launcher import launch_notes
+
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "training.trainer.num_nodes=1"]
+    args += ["+env_vars.LD_LIBRARY_PATH=/x:$LD_LIBRARY_PATH", "+env_vars.PATH=/opt/bin:$PATH"]
+    args += ["+env_vars.OTHER=/y:$HOME"]  # another variable's host value: named, not noted
+
+    def notes(*extra: str) -> list[str]:
+        return [n for n in launch_notes(build_plan(compose([*args, *extra])), ["training"]) if "own" in n]
+
+    [note] = notes("container=img")
+    assert note.startswith("note  env_vars LD_LIBRARY_PATH, PATH are built from their own host value")
+    assert "OTHER" not in note and "\n" not in note
+    assert notes() == []  # no container: the host's value is what the job gets
+    assert notes("container=img", "cluster.container_env=false") == []  # nothing named at all
