@@ -209,7 +209,8 @@ NO_EFFECT: dict[str, int | None] = {
     "--use-dist-ckpt": 0, "--dist-ckpt-format": 1, "--auto-detect-ckpt-format": 0,
     "--ckpt-fully-parallel-save": 0, "--no-ckpt-fully-parallel-save": 0, "--ckpt-fully-parallel-load": 0,
     "--ckpt-assume-constant-structure": 0, "--dist-ckpt-strictness": 1, "--use-persistent-ckpt-worker": 0,
-    "--dist-ckpt-optim-fully-reshardable": 0,
+    "--dist-ckpt-optim-fully-reshardable": 0, "--distrib-optim-fully-reshardable-mem-efficient": 0,
+    "--dist-ckpt-workers": 1,
     # logs only
     "--log-world-size-to-tensorboard": 0, "--timing-log-option": 1, "--log-progress": 0, "--log-straggler": 0,
     "--disable-straggler-on-startup": 0, "--straggler-ctrlr-port": 1, "--straggler-minmax-count": 1,
@@ -302,6 +303,14 @@ NO_EFFECT_WHY: dict[str, str] = {
     # this flag; gptrain's loads under every layout change (tests/distributed/test_optimizer_resharding)
     "--dist-ckpt-optim-fully-reshardable": "gptrain's checkpoints hold each parameter's optimizer state whole "
     "under its name, which loads under any other data, tensor or pipeline parallel layout, or in one process",
+    # Megatron's arguments.py and checkpointing.py: with --dist-ckpt-optim-fully-reshardable, the state is
+    # gathered over Gloo to DP rank 0 instead of over NCCL to all (a checkpoint-save setting only)
+    "--distrib-optim-fully-reshardable-mem-efficient": "how Megatron gathers its fully reshardable "
+    "distributed-optimizer state to save it (over Gloo, on one data-parallel rank, to spare memory); gptrain "
+    "writes its checkpoints with torch.distributed.checkpoint, each rank its own part, and has no such gather",
+    # the thread count of Megatron's FileSystemWriterAsync (async saves only; 1 for a synchronous one)
+    "--dist-ckpt-workers": "how many threads each rank's asynchronous save writes Megatron's checkpoint files "
+    "with; gptrain writes its own checkpoints (torch.distributed.checkpoint) and has no such setting",
     **dict.fromkeys(
         (
             "--tokenizer-hf-use-fast",

@@ -48,7 +48,6 @@ NOT_IMPLEMENTED: frozenset[str] = frozenset(
     --disable-tp-comm-bulk-wgrad --disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs
     --disable-tp-comm-split-ag --disable-tp-comm-split-rs --disable-use-tokenizer-model-from-checkpoint-args
     --dist-ckpt-save-pre-mcore-014
-    --dist-ckpt-workers --distrib-optim-fully-reshardable-mem-efficient
     --distributed-timeout-seconds-after-init --dsa-indexer-head-dim --dsa-indexer-k-norm-epsilon
     --dsa-indexer-k-norm-fp32 --dsa-indexer-loss-coeff --dsa-indexer-n-heads --dsa-indexer-rope-interleaved
     --dsa-indexer-skip-topk-offset --dsa-indexer-topk --dsa-indexer-topk-freq --dsa-indexer-use-sparse-loss

@@ -567,6 +567,16 @@ FULLY_RESHARDABLE = (
     "under any other data, tensor or pipeline parallel layout, or in one process"
 )
 
+FULLY_RESHARDABLE_MEM_EFFICIENT = (
+    "how Megatron gathers its fully reshardable distributed-optimizer state to save it (over Gloo, on one "
+    "data-parallel rank, to spare memory); gptrain writes its checkpoints with torch.distributed.checkpoint, "
+    "each rank its own part, and has no such gather"
+)
+CHECKPOINT_WORKERS = (
+    "how many threads each rank's asynchronous save writes Megatron's checkpoint files with; gptrain writes "
+    "its own checkpoints (torch.distributed.checkpoint) and has no such setting"
+)
+
 
 @pytest.mark.parametrize(
     ("flag", "values", "why"),
@@ -584,6 +594,9 @@ FULLY_RESHARDABLE = (
         ("--use-persistent-ckpt-worker", "", CHECKPOINT_FORMAT),
         # in 47 of Megatron's 206 GPT functional-test configs: tests/distributed/test_optimizer_resharding
         ("--dist-ckpt-optim-fully-reshardable", "", FULLY_RESHARDABLE),
+        # how Megatron's fully reshardable optimizer state is gathered for its save (Gloo, DP rank 0)
+        ("--distrib-optim-fully-reshardable-mem-efficient", "", FULLY_RESHARDABLE_MEM_EFFICIENT),
+        ("--dist-ckpt-workers", " 4", CHECKPOINT_WORKERS),  # writer threads of Megatron's async save
         ("--log-world-size-to-tensorboard", "", None),
         ("--timing-log-option", " minmax", None),
         ("--log-progress", "", None),
