@@ -89,7 +89,7 @@ def complete_record(
     """The text of the COMPLETE marker: the step, the format, the gptrain and torch that wrote it (an
     older one refuses what it cannot read: `newer_format`, `recorded_torch`), the Slurm job that wrote
     it (a requeue of that job resumes it: gptrain.train.earlier_run), the tokenizer the model was trained
-    with (gptrain.data.tokenizer_identity; none for mock data), the architecture settings
+    with (gptrain.data.tokenizer_identity; mock data: its vocabulary size), the architecture settings
     (gptrain.checkpoint.architecture), the metrics retention ranks by (gptrain.checkpoint.retention:
     the validation loss of this step; json writes a NaN as NaN, which its reader takes back), the
     number of ranks that saved it (each wrote its rank_<r>.pt: `verify` names one the manifest lacks)
@@ -134,7 +134,8 @@ def with_metrics(text: str, step: int, metrics: dict[str, float]) -> str | None:
 
 def recorded_tokenizer(step_dir: Path) -> dict | None:
     """The tokenizer record in a complete checkpoint's COMPLETE marker; None where it has none
-    (saved before gptrain recorded one, or by a run on mock data) or the marker is unreadable
+    (saved before gptrain recorded one, or by a mock-data run before it recorded its
+    vocabulary: gptrain.data.tokenizer_identity.mock_record) or the marker is unreadable
     (`verify` names that)."""
     return _recorded(step_dir, "tokenizer")
 

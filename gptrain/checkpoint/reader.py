@@ -126,7 +126,7 @@ class CheckpointReader:
     ) -> None:
         """`vocab_size` is the tokenizer's: rows of the vocabulary tensors at or past it are padding
         (see `read_state`). `tokenizer`: the run's, checked against each checkpoint's record before
-        it is loaded (None: no check, a run on mock data). `tied`: the model ties its embedding and
+        it is loaded (None: no check). `tied`: the model ties its embedding and
         output layer (model.share_embeddings_and_output_weights); under pipeline parallelism the
         last stage holds the output layer's copy alone, and only this tells it to check the
         checkpoint's embedding against its output layer. `architecture`: the run's settings as
@@ -264,6 +264,7 @@ class CheckpointReader:
             extra = agreed(path, lambda: rank_state_from(path, self.rank, rank_file, ranks()), rank_file)
             prepared = agreed(path, lambda: self._prepare(path, state_fn, read_verified_metadata(path)))
             agree_fit(path, prepared.saved, prepared.fit)  # collectives only; a mismatch on every rank
+            self._refuse_cut_vocabulary(path, prepared)
             self._check_architecture(path, own_run)  # what shapes cannot tell, before any data is read
             state = agreed(path, lambda: self._load_prepared(path, prepared))
             self._refuse_untied(path, prepared)
@@ -289,6 +290,29 @@ class CheckpointReader:
             raise TokenizerMismatchError(error)
         if note is not None:
             self.notes.append(note)
+
+    def _refuse_cut_vocabulary(self, path: Path, prepared: _Prepared) -> None:
+        """TokenizerMismatchError on every rank when this run's vocabulary tensors have fewer rows
+        than the tokens `path` records it was trained on (its tokenizer record's vocab_size): those
+        trained rows would be dropped, from every later checkpoint too. Rows past it are padding, and
+        a checkpoint that records no tokenizer loads as before; exp_manager.allow_tokenizer_change
+        loads it anyway (said by `_note_dropped_rows`)."""
+        trained = _trained_vocab(path)
+        live, _ = compat.flatten(prepared.state)
+        keys = [key for key in prepared.fit.rows if key.startswith("model.") and key in live]
+        cut = min((live[key].shape[0] for key in keys if compat.is_vocabulary(key)), default=None)
+        problem = None
+        allowed = self.tokenizer is not None and self.tokenizer.allow_change
+        if trained is not None and cut is not None and cut < trained and not allowed:
+            problem = (
+                f"checkpoint {path} was trained on {trained} tokens (its tokenizer record), this run's "
+                f"model has {cut} vocabulary rows: the trained rows {cut}-{trained - 1} would be cut off, "
+                "and later checkpoints would not have them; give the run the vocabulary it was trained "
+                "with, or set exp_manager.allow_tokenizer_change=true to load it anyway"
+            )
+        problem = first_on_any_rank(problem)
+        if problem is not None:
+            raise TokenizerMismatchError(problem)
 
     def _check_architecture(self, path: Path, own_run: bool) -> None:
         """ArchitectureChangedError on every rank when this run's own checkpoint `path` was saved with
@@ -356,7 +380,7 @@ class CheckpointReader:
         for key, tensor in staged.items():
             compat.copy_common_rows(flat[key], tensor, self.vocab_size if compat.is_vocabulary(key) else None)
             compat.set_at(state, paths[key], flat[key])
-            self._note_dropped_rows(key, tensor.shape[0], flat[key].shape[0])
+            self._note_dropped_rows(key, tensor.shape[0], flat[key].shape[0], _trained_vocab(path))
         return state
 
     def _saved_embedding_beside_output(
@@ -386,10 +410,12 @@ class CheckpointReader:
         if problem is not None:
             raise compat.mismatch_error(path, problem)
 
-    def _note_dropped_rows(self, key: str, saved: int, live: int) -> None:
+    def _note_dropped_rows(self, key: str, saved: int, live: int, trained: int | None = None) -> None:
         """Rows of a model tensor the live one has no room for (fewer padding rows than an imported
         model's, a smaller position table): said, since the next checkpoint no longer has them; and
-        positions past the saved table (a larger model.max_position_embeddings), which start untrained."""
+        positions past the saved table (a larger model.max_position_embeddings), which start untrained.
+        `trained`: the tokens the checkpoint records it was trained on (rows below it are not padding,
+        whatever this run's vocabulary; dropping them is refused unless allowed)."""
         if key.startswith("model.") and saved < live and not compat.is_vocabulary(key):
             self.notes.append(
                 f"{key}: the checkpoint has {saved} rows, this run's model {live}; rows {saved}-{live - 1} "
@@ -402,6 +428,12 @@ class CheckpointReader:
             if compat.is_vocabulary(key) and self.vocab_size is not None and live >= self.vocab_size
             else "rows past this run's table"
         )
+        if compat.is_vocabulary(key) and trained is not None:
+            kind = (
+                f"of them {live}-{trained - 1}: tokens the checkpoint was trained on"
+                if live < trained
+                else f"padding past the {trained} tokens the checkpoint was trained on"
+            )
         self.notes.append(
             f"{key}: the checkpoint has {saved} rows, this run's model {live}; rows {live}-{saved - 1} "
             f"({kind}) are not loaded and later checkpoints will not have them"
@@ -437,6 +469,12 @@ class CheckpointReader:
         state = self._load_prepared(path, prepared)
         self._refuse_untied(path, prepared)
         return state
+
+
+def _trained_vocab(path: Path) -> int | None:
+    """The vocabulary size `path`'s tokenizer record gives; None where it records none."""
+    size = (recorded_tokenizer(path) or {}).get("vocab_size")
+    return size if isinstance(size, int) else None
 
 
 def ranks() -> int | None:

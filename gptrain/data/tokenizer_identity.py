@@ -28,6 +28,11 @@ without complaint, and every id then means something else. The record holds:
 A tokenizer whose first `vocab_size` tokens and end-of-document id are the recorded ones is an
 extension (tokens added at the end, as for a new domain's vocabulary): the trained rows keep their
 meaning, so it loads, said in one line.
+
+A run on mock data has no tokenizer: its record is {"type": "mock", "vocab_size": N}
+(model.data.mock_vocab_size). Mock data against a real tokenizer, either way, is refused as another
+tokenizer is (a mock run would cut a trained vocabulary to its own rows); a larger mock vocabulary
+is an extension, a smaller one refused (it drops trained rows).
 """
 
 from __future__ import annotations
@@ -79,6 +84,13 @@ EFFECTS = {  # (refused, loaded anyway)
     ),
     "encoding": ("it would encode text otherwise than it was trained on", "it now encodes text otherwise"),
 }
+
+
+MOCK_EFFECTS = (
+    "its trained vocabulary rows would be taken for other tokens (and cut off where this run has fewer)",
+    "its trained vocabulary rows are taken for other tokens",
+)
+"""EFFECTS' pair for a change between mock data and a tokenizer (or a smaller mock vocabulary)."""
 
 
 _TABLES: weakref.WeakKeyDictionary[Any, tuple[int, list[str | None]]] = weakref.WeakKeyDictionary()
@@ -255,8 +267,33 @@ def _extends(saved: dict[str, Any], live_table: list[str | None]) -> bool:
     )
 
 
+MOCK = "mock"
+"""The record type of a run on mock data (no tokenizer)."""
+
+
+def mock_record(vocab_size: int) -> dict[str, Any]:
+    """The record of a run on mock data of `vocab_size` tokens."""
+    return {"type": MOCK, "vocab_size": int(vocab_size)}
+
+
+def _compare_mock(saved: dict[str, Any], live: dict[str, Any]) -> Verdict:
+    """`live` against `saved` where one of them is mock data: the same mock vocabulary, a larger one
+    (an extension: the trained rows are kept), or different."""
+    if saved.get("type") != live.get("type"):
+        return Verdict("different", "mock data and a tokenizer")
+    size, now = saved.get("vocab_size"), live["vocab_size"]
+    if size == now:
+        return Verdict("same")
+    if isinstance(size, int) and size < now:
+        return Verdict("extension", f"ids {size}-{now - 1} added")
+    return Verdict("different", f"{now} tokens, not {size}")
+
+
 def describe(entry: dict[str, Any]) -> str:
-    """'HuggingFaceTokenizer /data/tokenizer.json (61 tokens, sha256 1a2b3c4d)'."""
+    """'HuggingFaceTokenizer /data/tokenizer.json (61 tokens, sha256 1a2b3c4d)'; 'mock data
+    (model.data.mock_vocab_size 512)'."""
+    if entry.get("type") == MOCK:
+        return f"mock data (model.data.mock_vocab_size {entry.get('vocab_size')})"
     return (
         f"{entry.get('type')} {entry.get('source')} "
         f"({entry.get('vocab_size')} tokens, sha256 {str(entry.get('tokens'))[:8]})"
@@ -280,6 +317,11 @@ class TokenizerCheck:
         table = token_table(tokenizer)
         return cls(record(tokenizer, kind, source), table, allow_change, _unsplit_encodes(tokenizer))
 
+    @classmethod
+    def mock(cls, vocab_size: int, allow_change: bool = False) -> TokenizerCheck:
+        """The check of a run on mock data of `vocab_size` tokens."""
+        return cls(mock_record(vocab_size), [], allow_change)
+
     def check(
         self,
         saved: dict[str, Any] | None,
@@ -296,9 +338,10 @@ class TokenizerCheck:
                 None,
                 f"{checkpoint} records no tokenizer (saved by an earlier gptrain, or without one): {whose} is not checked against it",
             )
-        if (note := self._split_only_since(saved, checkpoint, whose)) is not None:
+        mock = MOCK in (saved.get("type"), self.record["type"])
+        if not mock and (note := self._split_only_since(saved, checkpoint, whose)) is not None:
             return None, note
-        verdict = compare(saved, self.record, self.table)
+        verdict = _compare_mock(saved, self.record) if mock else compare(saved, self.record, self.table)
         if verdict.kind == "same":
             return None, _padding_change(saved, self.record, checkpoint, whose)
         live, trained = describe(self.record), describe(saved)
@@ -308,7 +351,7 @@ class TokenizerCheck:
                 f"{verdict.detail}, whose rows start as the checkpoint's padding rows"
             )
         text = f"{checkpoint} was trained with tokenizer {trained}, {whose} is {live} ({verdict.detail})"
-        refused, loaded = EFFECTS[verdict.changes]
+        refused, loaded = MOCK_EFFECTS if mock else EFFECTS[verdict.changes]
         if self.allow_change:
             return None, f"{text}; loaded anyway (exp_manager.allow_tokenizer_change=true): {loaded}"
         return f"{text}: {refused}; {fix}, or {allow} to go on with this one", None

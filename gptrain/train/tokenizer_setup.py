@@ -279,18 +279,22 @@ def run_tokenizer_files(cfg: TrainingConfig) -> list[str]:
 
 
 def tokenizer_check(cfg: TrainingConfig, tokenizer: Any | None) -> Any | None:
-    """The run's tokenizer as checkpoints record it (gptrain.data.tokenizer_identity); None without
-    one (mock data)."""
-    if tokenizer is None:
-        return None
+    """The run's tokenizer as checkpoints record it (gptrain.data.tokenizer_identity); mock data
+    without one: its model.data.mock_vocab_size, so that a mock run and a real one do not resume
+    each other's checkpoints unchecked (None: neither, nothing to record)."""
     from gptrain.data.tokenizer_identity import TokenizerCheck
+
+    allow = cfg.exp_manager.allow_tokenizer_change
+    if tokenizer is None:
+        size = cfg.model.data.mock_vocab_size
+        return TokenizerCheck.mock(int(size), allow) if size else None
     from gptrain.data.tokenizers import canonical_type
 
     tok = cfg.model.tokenizer
     source = " + ".join(run_tokenizer_files(cfg))
     if canonical_type(tok.type) == "null":  # no files: its settings
         source = f"(vocab_size {tokenizer.vocab_size}, eod {tokenizer.eod})"
-    return TokenizerCheck.of(tokenizer, tok.type, source, cfg.exp_manager.allow_tokenizer_change)
+    return TokenizerCheck.of(tokenizer, tok.type, source, allow)
 
 
 def check_token_ids(

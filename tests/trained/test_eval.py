@@ -410,6 +410,7 @@ def test_a_runs_relative_data_prefix_is_read_from_where_the_run_was_started(
         "vocab_file": None,
         "merge_file": None,
     }
+    hparams["exp_manager"]["allow_tokenizer_change"] = True  # its checkpoint records mock data
 
     def evaluated(log_dir: str) -> int | dict:
         hparams["exp_manager"]["explicit_log_dir"] = log_dir
@@ -630,6 +631,7 @@ def copy_run(run_dir: Path, to: Path, log_dir: str, data_prefix, tokenizer_dir: 
         "vocab_file": None,
         "merge_file": None,
     }
+    hparams["exp_manager"]["allow_tokenizer_change"] = True  # its checkpoint records mock data
     hparams["exp_manager"]["explicit_log_dir"] = log_dir
     (to / "hparams.yaml").write_text(yaml.safe_dump(hparams))
     return to
