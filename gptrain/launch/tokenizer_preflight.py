@@ -106,24 +106,33 @@ def check_tokenizer_files(
     found, to_fetch = [], []
     in_directory = _model_directory_file(tokenizer.get("type"))
     for key in _file_keys_read(tokenizer):
-        value = tokenizer.get(key)
+        value, name = tokenizer.get(key), _given_as(tokenizer, key)
         if value in (None, "") and key in _keys_required(tokenizer):  # the job: 'not set', after the queue
             raise LaunchError(
                 f"{where}.{key}: not set ({where}.type={tokenizer.get('type')} reads it); point it at the file"
             )
         if value and ("/" in str(value) or str(value).endswith((".json", ".txt", ".model"))):
-            if _is_file(str(value), f"{where}.{key}", in_directory if key == "model" else ()):
+            if _is_file(str(value), f"{where}.{name}", in_directory if key == "model" else ()):
                 found.append(key)
             elif str(value) in urls:
                 to_fetch.append(f"{key} from {urls[str(value)]}")
             elif key == "model" and (advice := hub_name_advice(value)) is not None:
-                raise LaunchError(f"{where}.{key}: {value} is not a local file or directory; {advice}")
+                raise LaunchError(f"{where}.{name}: {value} is not a local file or directory; {advice}")
             else:
-                raise LaunchError(f"{where}.{key}: {value} not found")
+                raise LaunchError(f"{where}.{name}: {value} not found")
     if "model" in found:
         check_tiktoken_vocabulary(tokenizer, where)
-    line = f"ok  {where}: {', '.join(found) or 'no files'} present"
+    named = [_given_as(tokenizer, key).split(" ")[0] for key in found]
+    line = f"ok  {where}: {', '.join(named) or 'no files'} present"
     return line + (f"; data_preparation fetches {', '.join(to_fetch)}" if to_fetch else "")
+
+
+def _given_as(tokenizer: dict[str, Any], key: str) -> str:
+    """The key the user gave `key`'s file in: library huggingface's tokenizer path is `type`, as
+    NeMo's AutoTokenizer(type) reads it (validation moved it to `model`), as gptrain train names it."""
+    if key == "model" and str(tokenizer.get("library")).lower() == "huggingface":
+        return "type (library huggingface's tokenizer path)"
+    return key
 
 
 def check_tiktoken_vocabulary(tokenizer: dict[str, Any], where: str) -> None:
