@@ -57,6 +57,7 @@ def run_train(args: argparse.Namespace) -> int:
         from gptrain.train.loop import train
 
         preset, overrides = split_preset(args.preset, list(args.overrides))
+        check_no_group_choice(overrides)
         file = config_file(args)
         if preset is not None and file is not None:  # the file would win, and the preset go unread
             raise ConfigError(f"give a preset ({preset}) or a config file ({file}), not both")
@@ -64,6 +65,18 @@ def run_train(args: argparse.Namespace) -> int:
         if file is not None:
             check_moved_run(Path(file), cfg, overrides)
         return train(cfg, process_exits=True)
+
+
+def check_no_group_choice(overrides: list[str]) -> None:
+    """`training=gpt3/126m` copied from a launch command line said "unknown key 'training'": name
+    the preset as gptrain train takes it."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == "training":
+            raise ConfigError(
+                f"override '{item}' chooses the launcher's training group; gptrain train takes the "
+                f"preset as its first word: gptrain train {value.strip()}"
+            )
 
 
 # The spellings of the checkpoint to start from (gptrain.config.normalize).
