@@ -352,6 +352,8 @@ class TokenizerCheck:
             )
         text = f"{checkpoint} was trained with tokenizer {trained}, {whose} is {live} ({verdict.detail})"
         refused, loaded = MOCK_EFFECTS if mock else EFFECTS[verdict.changes]
+        if mock:  # most often two runs sharing one results directory, not a tokenizer mistyped
+            fix = f"{fix}, or start this run in its own directory (another run.name or exp_manager.explicit_log_dir)"
         if self.allow_change:
             return None, f"{text}; loaded anyway (exp_manager.allow_tokenizer_change=true): {loaded}"
         return f"{text}: {refused}; {fix}, or {allow} to go on with this one", None

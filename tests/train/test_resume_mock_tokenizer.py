@@ -86,6 +86,7 @@ def test_a_mock_run_resuming_a_real_runs_checkpoint_is_refused(runs, tmp_path, m
         in message
     )
     assert "this run's model.tokenizer is mock data (model.data.mock_vocab_size 40)" in message
+    assert "start this run in its own directory (another run.name or exp_manager.explicit_log_dir)" in message
     assert ALLOW in message
     assert (log_dir / "checkpoints" / "latest").read_text().strip() == "step_2"
     assert not (log_dir / "checkpoints" / "step_3").exists()
