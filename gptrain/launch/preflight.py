@@ -359,11 +359,19 @@ def check_training_files(
 def check_fresh_start(cfg: TrainingConfig) -> list[str]:
     """resume_if_exists=false over a run directory that holds complete checkpoints (the Azure
     tutorial's benchmark, launched again under the same run.name): the job refuses it as it starts,
-    after the queue wait; said here instead, in the job's words with the launch's keys."""
+    after the queue wait; said here instead, in the job's words with the launch's keys. So is a resume
+    over a NeMo or Megatron run's checkpoints, which gptrain cannot continue."""
+    from gptrain.train.earlier_run import (
+        earlier_run_checkpoints,
+        earlier_run_error,
+        refuse_foreign_checkpoints,
+    )
+
     em = cfg.exp_manager
+    if em.resume_if_exists and not em.resume_from_checkpoint:
+        refuse_foreign_checkpoints(Path(em.explicit_log_dir), Path(em.checkpoints_dir), "training.")
     if em.resume_if_exists or em.move_aside_earlier_run:
         return []
-    from gptrain.train.earlier_run import earlier_run_checkpoints, earlier_run_error
 
     holder, found = earlier_run_checkpoints(Path(em.explicit_log_dir), Path(em.checkpoints_dir))
     if found:

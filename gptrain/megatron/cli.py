@@ -97,10 +97,6 @@ def check_data_paths(cfg: TrainingConfig, translation: Translation) -> None:
         raise DataError(prefix_in_flags(str(error), translation.given)) from None
 
 
-# Megatron's tracker file: the iteration its --load resumes from (megatron/training/checkpointing.py).
-MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
-
-
 def check_megatron_checkpoints(cfg: TrainingConfig, translation: Translation) -> None:
     """A --load that is the --save directory and holds Megatron's checkpoints but no gptrain one:
     Megatron resumes from them; gptrain, which does not read them, would train from iteration 0 and
@@ -109,7 +105,7 @@ def check_megatron_checkpoints(cfg: TrainingConfig, translation: Translation) ->
     from pathlib import Path
 
     from gptrain.errors import ConfigError
-    from gptrain.train.earlier_run import earlier_checkpoints
+    from gptrain.train.earlier_run import MEGATRON_TRACKER, earlier_checkpoints
 
     em = cfg.exp_manager
     if not em.resume_if_exists or em.resume_from_checkpoint or not em.explicit_log_dir:

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import ConfigError
 from gptrain.train.run_lock import LOCK_NAME
+
+# Megatron's tracker file: the iteration its --load resumes from (megatron/training/checkpointing.py).
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+MEGATRON_ITERATION = re.compile(r"iter_\d+")
 
 
 class EarlierRunError(ConfigError):
@@ -108,3 +113,45 @@ def aside_directory(log_dir: Path) -> Path:
         except FileExistsError:
             continue
     raise ConfigError(f"cannot find a free name beside {log_dir} to move the earlier run to")
+
+
+def foreign_checkpoint(log_dir: Path, checkpoints: Path) -> tuple[str, Path] | None:
+    """A checkpoint NeMo's or Megatron's resume would continue from, where this run looks for its own:
+    ("NeMo", path) for what NeMo's exp_manager resumes from in a run's checkpoints/ (a distributed
+    checkpoint directory named *last or *end, else a *last.ckpt or *end.ckpt below it), ("Megatron",
+    path) for Megatron's tracker file or an iter_<N> directory in the run directory. None if neither."""
+    for root in dict.fromkeys((checkpoints, log_dir / "checkpoints")):
+        if not root.is_dir():
+            continue
+        dirs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith(("last", "end")))
+        files = dirs or sorted(p for end in ("*last.ckpt", "*end.ckpt") for p in root.rglob(end))
+        if files:
+            return "NeMo", files[0]
+    for root in dict.fromkeys((log_dir, checkpoints)):
+        if (root / MEGATRON_TRACKER).is_file():
+            return "Megatron", root / MEGATRON_TRACKER
+        if root.is_dir() and (
+            iters := sorted(p for p in root.iterdir() if MEGATRON_ITERATION.fullmatch(p.name))
+        ):
+            return "Megatron", iters[-1]
+    return None
+
+
+def refuse_foreign_checkpoints(log_dir: Path, checkpoints: Path, prefix: str = "") -> None:
+    """resume_if_exists=true, no resume_from_checkpoint and no complete gptrain checkpoint, over a NeMo or
+    Megatron run's checkpoints: NeMo and Megatron would continue them; gptrain, which cannot read them,
+    would train from scratch beside them and overwrite the run's hparams.yaml. Refused in one line (by the
+    job, and by the launch before it, whose keys are the job's under `prefix`, `training.`)."""
+    if (
+        earlier_run_checkpoints(log_dir, checkpoints)[1]
+        or (found := foreign_checkpoint(log_dir, checkpoints)) is None
+    ):
+        return
+    kind, path = found
+    raise ConfigError(
+        f"{path}: {kind}'s checkpoint, which gptrain cannot continue, and no gptrain checkpoint in {checkpoints}:"
+        f" with {prefix}exp_manager.resume_if_exists=true {kind} would resume it, gptrain would train from"
+        f" scratch beside it; start the run in its own directory (another {prefix}run.name or"
+        f" {prefix}exp_manager.explicit_log_dir)"
+        " (to continue its weights, convert them to a Hugging Face model and 'gptrain import' that)"
+    )

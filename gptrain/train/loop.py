@@ -97,6 +97,7 @@ def train(
         em.move_aside_earlier_run,
         saves=em.create_checkpoint_callback,
         checkpoints=checkpoints,
+        start_from=em.resume_from_checkpoint,
     )
     if own is not None:
         run_lock.notes.append(

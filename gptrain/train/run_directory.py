@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from gptrain.errors import ConfigError, GptrainError, os_error_text
-from gptrain.train.earlier_run import EarlierRunError, check_fresh_start
+from gptrain.train.earlier_run import EarlierRunError, check_fresh_start, refuse_foreign_checkpoints
 from gptrain.train.nested_runs import (
     is_within,
     refuse_another_runs_directory,
@@ -29,14 +29,18 @@ def claim_run_directory(
     move_aside: bool,
     saves: bool = True,
     checkpoints: Path | None = None,
+    start_from: str | None = None,
 ) -> RunLock:
     """Rank 0 takes the lock, checks a fresh start and (when the run `saves`) that its checkpoint
     directory (`checkpoints`, else log_dir/checkpoints) takes files; every rank raises the same error
-    if refused."""
+    if refused. A resume with no checkpoint to `start_from` over NeMo's or Megatron's checkpoints is
+    refused first, before anything is written."""
     checkpoints = checkpoints or log_dir / "checkpoints"
     lock, error = RunLock(), None
     if rank == 0:
         try:
+            if resume and not start_from:
+                refuse_foreign_checkpoints(log_dir, checkpoints)
             lock = acquire(log_dir)
             refuse_enclosing_run(log_dir, lock.holder)
             outside = not is_within(checkpoints, log_dir)
