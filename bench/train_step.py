@@ -409,14 +409,17 @@ def main(argv: list[str] | None = None) -> int:
             print("--run-ahead: this run's update needs the host (no fused AdamW here): not measured")
         else:
             rows.append(measure(f"{args.label}, run ahead", step, args, work))
+            del step  # the loop just measured (its model, optimizer state) is freed before the next is built
             release(device)
     if args.separate_projections:
         step = gptrain_step(cfg, model_config, device, batches, separate=True)
         rows.append(measure(f"{args.label}, separate q/k/v GEMMs", step, args, work))
+        del step
         release(device)
     if args.reference in ("both", "compiled"):
         step = reference_step(cfg, model_config, device, batches, compiled=True)
         rows.append(measure("whole model + loss compiled (reference)", step, args, work))
+        del step
         release(device)
     if args.reference in ("both", "eager"):
         step = reference_step(cfg, model_config, device, batches)
