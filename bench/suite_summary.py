@@ -14,6 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from gptrain.utils.atomic import atomic_write_text
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(read_items(args.results))
     print("\n".join(report(summary)))
     if args.summary:
-        args.summary.write_text(json.dumps(summary, indent=1) + "\n")
+        atomic_write_text(args.summary, json.dumps(summary, indent=1) + "\n")  # never a cut file
     return 0
 
 
