@@ -1219,3 +1219,15 @@ def test_the_winners_train_command_is_quoted(tmp_path: Path, monkeypatch: pytest
     measure.write_winner(plan, SimpleNamespace(output=str(output)), winner)
     command = plan.notes[0].split(": ", 1)[1]
     assert shlex.split(command) == ["gptrain", "train", "--config-file", str(output)]
+
+
+def test_the_grid_tries_every_interleaving_megatron_accepts() -> None:
+    """Review E1: the grid tried v 2 and 4 only, so 12 layers on 4 stages (3 a stage) got no
+    interleaved row and 6 a stage no v3 or v6, though Megatron runs any v dividing a stage's layers."""
+    from gptrain.plan.rank import layout_grid
+
+    cfg = load_training_config("gpt3/126m", ["trainer.num_nodes=2", "trainer.devices=8"])
+    work = workload_from_config(cfg)
+    pairs = {(layout.pp, layout.vpp) for layout in layout_grid(work, Cluster(2, 8, gpu_spec("h100-80gb")))}
+    assert {(4, 3), (2, 3), (2, 6), (2, 2), (4, 1)} <= pairs
+    assert (4, 2) not in pairs and (3, 3) not in pairs  # 12 / (4 * 2), 12 / (3 * 3): no whole stages
