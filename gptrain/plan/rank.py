@@ -233,12 +233,35 @@ def rank_layouts(
     headroom: float,
     requested: Layout | None = None,
 ) -> list[Candidate]:
-    """Valid layouts that fit, fastest first (ties: less memory first); the `requested` layout
-    keeps its row even where a lighter last stage of it is faster."""
+    """Valid layouts that fit, fastest first (ties: less memory first), less those whose recompute
+    costs time and saves no memory; the `requested` layout keeps its row even where a lighter last
+    stage of it is faster or its recompute saves nothing."""
     candidates = valid_candidates(work, model_cfg, cluster, mfu, headroom, requested)
     ranked = [c for c in candidates if c.fits]
     ranked.sort(key=lambda c: (c.time.total, c.memory.total))
-    return ranked
+    asked_as = runs_as(requested) if requested is not None else None
+    plain: dict[Layout, list[Candidate]] = {}
+    for c in ranked:
+        if c.layout.recompute is None:
+            plain.setdefault(_without_recompute(c.layout), []).append(c)
+    return [c for c in ranked if runs_as(c.layout) == asked_as or not recompute_saves_nothing(c, plain)]
+
+
+def _without_recompute(layout: Layout) -> Layout:
+    return dataclasses.replace(unsplit(layout), recompute=None, recompute_num_layers=None)
+
+
+def recompute_saves_nothing(candidate: Candidate, plain: dict[Layout, list[Candidate]]) -> bool:
+    """Whether the same layout without recompute (any split; `plain`: the ranked rows without
+    recompute by their layout) needs no more memory and no more time: selective recompute under
+    TP + SP keeps the full-sequence partial sums before each reduce-scatter and the gathered norm
+    outputs, more than plain autograd keeps (review E2)."""
+    if candidate.layout.recompute is None:
+        return False
+    return any(
+        other.memory.total <= candidate.memory.total and other.time.total <= candidate.time.total
+        for other in plain.get(_without_recompute(candidate.layout), [])
+    )
 
 
 def least_memory(

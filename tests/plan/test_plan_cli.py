@@ -1231,3 +1231,28 @@ def test_the_grid_tries_every_interleaving_megatron_accepts() -> None:
     pairs = {(layout.pp, layout.vpp) for layout in layout_grid(work, Cluster(2, 8, gpu_spec("h100-80gb")))}
     assert {(4, 3), (2, 3), (2, 6), (2, 2), (4, 1)} <= pairs
     assert (4, 2) not in pairs and (3, 3) not in pairs  # 12 / (4 * 2), 12 / (3 * 3): no whole stages
+
+
+def test_a_recompute_row_costing_more_memory_and_time_than_none_is_dropped() -> None:
+    """Review E2: under TP + SP selective recompute keeps more than none (it saves the full-sequence
+    partial sums before each reduce-scatter), so the table listed 'ac=sele' rows needing more memory
+    AND more time than the same layout without recompute. Such a row is dropped; one that saves memory stays."""
+    cfg = load_training_config("gpt3/126m", ["trainer.num_nodes=1", "trainer.devices=8"])
+    ranked = rank_layouts(
+        workload_from_config(cfg), cfg.model, Cluster(1, 8, gpu_spec("h100-80gb")), 0.4, 0.1
+    )
+
+    def bare(layout):
+        return dataclasses.replace(
+            layout, recompute=None, recompute_num_layers=None, num_layers_in_last_pipeline_stage=None
+        )
+
+    plain = {bare(c.layout): c for c in ranked if c.layout.recompute is None}
+    twins = [(c, plain[bare(c.layout)]) for c in ranked if c.layout.recompute and bare(c.layout) in plain]
+    assert twins
+    assert not [
+        c.layout.label()
+        for c, none in twins
+        if c.memory.total >= none.memory.total and c.time.total >= none.time.total
+    ]
+    assert any(c.layout.recompute == "selective" and c.layout.tp == 1 for c in ranked)  # saves memory: kept
