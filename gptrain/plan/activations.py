@@ -122,8 +122,9 @@ def _selective_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> floa
     """What a block under selective recompute keeps (gptrain.parallel.activation_checkpoint): its
     input (`residual_bytes`) and the outputs of its GEMMs (q, k, v before any repeat for GQA; the attention's
     output projection; the up projection(s); the down projection); everything else is recomputed
-    from them. Under TP also the outputs of the collectives, which are saved rather than run again
-    (each row-parallel output reduced; under sequence parallelism each gathered norm output).
+    from them. Under TP also the outputs of the reductions, which are saved rather than run again
+    (each row-parallel output reduced); under sequence parallelism the norm outputs are gathered
+    again in the backward, not kept (review E2: kept, selective kept more than no recompute).
     Measured on CPU in eager mode (tests/plan/test_plan_recompute.py); the TP terms and a compiled
     block are not measured."""
     d, t = dtypes(work), layout.tp
@@ -133,7 +134,7 @@ def _selective_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> floa
     gemms = d.act * ((q + 2 * kv) / t + h + f / t * (2 if c.gated_mlp else 1) + h)
     collectives = 0.0
     if t > 1:
-        collectives = 2 * d.act * h / seq_shard + (2 * d.act * h if layout.sequence_parallel else 0)
+        collectives = 2 * d.act * h / seq_shard
     return residual_bytes(work, layout) * h / seq_shard + gemms + collectives
 
 

@@ -44,7 +44,7 @@ TWO_PROCESSES: dict[str, dict[str, Any]] = {
     # two micro-batches per rank: the weights stay gathered between them
     "shard_grad_op_dp2": {"data_parallel_sharding": "shard_grad_op", "micro_batch_size": 2},
     "tp2_sp": TP2_SP,
-    # selective recompute keeps the GEMMs' and the collectives' outputs, and recomputes the rest
+    # selective recompute keeps the GEMMs' and the reductions' outputs, gathers again, recomputes the rest
     "tp2_sp_selective": {**TP2_SP, "activations_checkpoint_granularity": "selective"},
     "pp2_1f1b": PP2,
     "pp2_interleaved": {**PP2, "virtual_pipeline_model_parallel_size": 2},

@@ -1233,14 +1233,29 @@ def test_the_grid_tries_every_interleaving_megatron_accepts() -> None:
     assert (4, 2) not in pairs and (3, 3) not in pairs  # 12 / (4 * 2), 12 / (3 * 3): no whole stages
 
 
-def test_a_recompute_row_costing_more_memory_and_time_than_none_is_dropped() -> None:
-    """Review E2: under TP + SP selective recompute keeps more than none (it saves the full-sequence
-    partial sums before each reduce-scatter), so the table listed 'ac=sele' rows needing more memory
-    AND more time than the same layout without recompute. Such a row is dropped; one that saves memory stays."""
+def test_a_recompute_row_costing_more_memory_and_time_than_none_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review E2: under TP + SP selective recompute kept more than none (the gathered norm outputs),
+    so the table listed 'ac=sele' rows needing more memory AND more time than the same layout
+    without recompute. The policy no longer keeps them; should selective again save nothing (here:
+    the old gathered outputs added back to its estimate), such a row is dropped, one that saves
+    memory stays, and the requested layout keeps its row."""
+    import gptrain.plan.rank as rank
+    from gptrain.plan.memory import estimate_memory
+    from gptrain.plan.spec import Layout
+
+    def old_policy(work, layout):
+        memory = estimate_memory(work, layout)
+        if layout.recompute == "selective" and layout.sequence_parallel:
+            tokens = layout.micro_batch_size * work.model.seq_length * work.model.num_layers
+            memory = dataclasses.replace(memory, activations=memory.activations + 4 * tokens * 768)
+        return memory
+
+    monkeypatch.setattr(rank, "estimate_memory", old_policy)
     cfg = load_training_config("gpt3/126m", ["trainer.num_nodes=1", "trainer.devices=8"])
-    ranked = rank_layouts(
-        workload_from_config(cfg), cfg.model, Cluster(1, 8, gpu_spec("h100-80gb")), 0.4, 0.1
-    )
+    work, cluster = workload_from_config(cfg), Cluster(1, 8, gpu_spec("h100-80gb"))
+    ranked = rank_layouts(work, cfg.model, cluster, 0.4, 0.1)
 
     def bare(layout):
         return dataclasses.replace(
@@ -1256,3 +1271,6 @@ def test_a_recompute_row_costing_more_memory_and_time_than_none_is_dropped() -> 
         if c.memory.total >= none.memory.total and c.time.total >= none.time.total
     ]
     assert any(c.layout.recompute == "selective" and c.layout.tp == 1 for c in ranked)  # saves memory: kept
+    asked = Layout(tp=4, dp=2, micro_batch_size=8, sequence_parallel=True, recompute="selective")
+    rows = rank_layouts(work, cfg.model, cluster, 0.4, 0.1, requested=asked)
+    assert asked not in [c.layout for c in ranked] and asked in [c.layout for c in rows]
