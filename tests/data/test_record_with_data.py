@@ -99,6 +99,18 @@ def test_a_merge_of_unrecorded_inputs_killed_after_its_renames_leaves_no_old_rec
     assert state(merged) == ([[7, 8]], None)
 
 
+def refuse_steps(monkeypatch, fails):
+    """finalize's steps named in `fails` refused with EACCES; the others taken as usual."""
+    take_step = finalize._take_step
+
+    def refused(output, step):
+        if step in fails:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        take_step(output, step)
+
+    monkeypatch.setattr(finalize, "_take_step", refused)
+
+
 @pytest.mark.parametrize(
     ("fails", "left"),
     [
@@ -115,14 +127,7 @@ def test_past_the_first_step_the_new_index_goes_in_only_where_the_old_record_is_
     are left without an index (prepared again), never beside it. No temporary is left."""
     assert prepare(tmp_path) == 0
     prefix = str(tmp_path / "out_text_document")
-    take_step = finalize._take_step
-
-    def refused(output, step):
-        if step in fails:
-            raise PermissionError(errno.EACCES, "Permission denied")
-        take_step(output, step)
-
-    monkeypatch.setattr(finalize, "_take_step", refused)
+    refuse_steps(monkeypatch, fails)
     assert prepare(tmp_path, "--append-eod") == 2
     monkeypatch.undo()
     if left is None:
@@ -146,14 +151,7 @@ def test_a_failure_during_the_renames_says_what_each_output_now_is(
 ):
     """Past the first rename the new dataset may be in place: 'cannot write' read as nothing written."""
     assert prepare(tmp_path) == 0
-    take_step = finalize._take_step
-
-    def refused(output, step):
-        if step in fails:
-            raise PermissionError(errno.EACCES, "Permission denied")
-        take_step(output, step)
-
-    monkeypatch.setattr(finalize, "_take_step", refused)
+    refuse_steps(monkeypatch, fails)
     capsys.readouterr()
     assert prepare(tmp_path, "--append-eod") == 2
     err = capsys.readouterr().err
