@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from test_resume_tokenizer import ORIGINAL, SHORT, WORDS, word_tokenizer
+from test_resume_tokenizer import SHORT, word_corpus
 from train_e2e_helpers import log_lines, run_recording, tiny_config
 
 from gptrain.checkpoint.errors import TokenizerMismatchError
@@ -30,29 +30,8 @@ def mock(size: int) -> list[str]:
 def runs(tmp_path_factory):
     """A run on a word corpus (61 tokens, padded to 128) and a mock run (40 tokens, padded to 40),
     each with a checkpoint at step 2."""
-    import numpy as np
-
-    from gptrain.data.indexed import IndexedDatasetWriter
-
     root = tmp_path_factory.mktemp("mock_tokenizer")
-    rng = np.random.default_rng(0)
-    prefix = str(root / "data" / "corpus_text_document")
-    tokenizer = word_tokenizer(root / "data" / "tokenizer.json", ORIGINAL)
-    with IndexedDatasetWriter(prefix, np.uint16) as writer:
-        for _ in range(80):
-            document = rng.integers(1, WORDS + 1, size=int(rng.integers(5, 40)))
-            writer.add_document(np.append(document, 0).astype(np.uint16))
-    real = [
-        "model.data.data_impl=mmap",
-        f"model.data.data_prefix={prefix}",
-        "model.data.splits_string=90,10,0",
-        f"model.data.index_mapping_dir={prefix}-index",
-        "model.tokenizer.library=huggingface",
-        "model.tokenizer.type=HuggingFaceTokenizer",
-        f"model.tokenizer.model={tokenizer}",
-        "model.tokenizer.vocab_file=null",
-        "model.tokenizer.merge_file=null",
-    ]
+    real = word_corpus(root)
     with pytest.MonkeyPatch.context() as mp:
         assert run_recording(mp, tiny_config(root / "real", *SHORT, *real))[0] == 0
         assert run_recording(mp, tiny_config(root / "mock", *SHORT, *mock(40)))[0] == 0

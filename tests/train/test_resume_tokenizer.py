@@ -47,15 +47,13 @@ def word_tokenizer(path: Path, words: list[str]) -> str:
 ORIGINAL = [f"w{i}" for i in range(WORDS)]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A run on a word corpus (61 tokens, padded to 128) with a checkpoint at step 2; each test
-    resumes a copy of it."""
+def word_corpus(root: Path) -> list[str]:
+    """A corpus of 80 documents of ORIGINAL's words under `root`/data and the overrides that train
+    on it with its HuggingFaceTokenizer (61 tokens, padded to 128)."""
     import numpy as np
 
     from gptrain.data.indexed import IndexedDatasetWriter
 
-    root = tmp_path_factory.mktemp("tokenizer")
     rng = np.random.default_rng(0)
     prefix = str(root / "data" / "corpus_text_document")
     tokenizer = word_tokenizer(root / "data" / "tokenizer.json", ORIGINAL)
@@ -63,7 +61,7 @@ def trained(tmp_path_factory):
         for _ in range(80):
             document = rng.integers(1, WORDS + 1, size=int(rng.integers(5, 40)))
             writer.add_document(np.append(document, 0).astype(np.uint16))
-    overrides = [
+    return [
         "model.data.data_impl=mmap",
         f"model.data.data_prefix={prefix}",
         "model.data.splits_string=90,10,0",
@@ -74,6 +72,14 @@ def trained(tmp_path_factory):
         "model.tokenizer.vocab_file=null",
         "model.tokenizer.merge_file=null",
     ]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run on a word corpus (61 tokens, padded to 128) with a checkpoint at step 2; each test
+    resumes a copy of it."""
+    root = tmp_path_factory.mktemp("tokenizer")
+    overrides = word_corpus(root)
     with pytest.MonkeyPatch.context() as mp:
         assert run_recording(mp, tiny_config(root / "run", *SHORT, *overrides))[0] == 0
     return root, overrides
