@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_launch_container import stub_bin
 
 from gptrain.cli import main
 from gptrain.errors import ConfigError
@@ -23,15 +24,6 @@ SRUN = (
 SCONTROL = 'case "$1 $2" in "show hostnames") echo n1 ;; esac\n'
 # Variables bash itself passes to a child, which no line of the script exports.
 BASH_OWN = {"SHLVL", "PWD", "OLDPWD", "_"}
-
-
-def stub_bin(tmp_path: Path, **scripts: str) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    for name, text in scripts.items():
-        (bin_dir / name).write_text("#!/bin/bash\n" + text)
-        (bin_dir / name).chmod(0o755)
-    return bin_dir
 
 
 def launch_scripts(tmp_path: Path, *extra: str) -> list[Path]:
