@@ -1021,28 +1021,19 @@ def test_an_ended_job_drops_the_reason_it_waited_in_the_queue_for(monkeypatch, s
     assert record_state.slurm_state("7", "data_preparation").describe() == described
 
 
-def test_a_stage_sbatch_refuses_withdraws_the_stages_this_launch_submitted(tmp_path, monkeypatch):
-    """sbatch may refuse a later stage for what no preflight sees (EnforcePartLimits with a time
-    above the partition's MaxTime, a QOS limit): the stages already submitted stayed queued, the
-    data preparation ran for hours for no training, and they held the run dirs against the
-    corrected relaunch. They are now cancelled, and the error says so."""
+def two_stage_launch(tmp_path, monkeypatch, sbatch: str, scancel: str):
+    """A data_preparation + training Slurm plan, its run files written, with stub `sbatch` and
+    `scancel` scripts (bash bodies) on PATH that append their calls to tmp_path/calls ($CALLS)."""
     from gptrain.launch.compose import compose
-    from gptrain.launch.executors.slurm import submit
     from gptrain.launch.stages import build_plan, write_run_files
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    calls = tmp_path / "calls"
-    for name, body in (
-        ("sbatch", 'echo "sbatch $*" >> "$CALLS"\ncase "$*" in *afterok:101*) '
-         'echo "sbatch: error: Batch job submission failed: Requested time limit is invalid" >&2; exit 1 ;; esac\n'
-         "echo 101\n"),
-        ("scancel", 'echo "scancel $*" >> "$CALLS"\n'),
-    ):  # fmt: skip
+    for name, body in (("sbatch", sbatch), ("scancel", scancel)):
         (bin_dir / name).write_text("#!/bin/bash\n" + body)
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
     monkeypatch.chdir(tmp_path)
     args = [
         "cluster_type=slurm",
@@ -1052,6 +1043,23 @@ def test_a_stage_sbatch_refuses_withdraws_the_stages_this_launch_submitted(tmp_p
     args += [f"base_results_dir={tmp_path}/r"]
     plan = build_plan(compose(args))
     write_run_files(plan, args)
+    return plan
+
+
+def test_a_stage_sbatch_refuses_withdraws_the_stages_this_launch_submitted(tmp_path, monkeypatch):
+    """sbatch may refuse a later stage for what no preflight sees (EnforcePartLimits with a time
+    above the partition's MaxTime, a QOS limit): the stages already submitted stayed queued, the
+    data preparation ran for hours for no training, and they held the run dirs against the
+    corrected relaunch. They are now cancelled, and the error says so."""
+    from gptrain.launch.executors.slurm import submit
+
+    sbatch = (
+        'echo "sbatch $*" >> "$CALLS"\ncase "$*" in *afterok:101*) '
+        'echo "sbatch: error: Batch job submission failed: Requested time limit is invalid" >&2; exit 1 ;; esac\n'
+        "echo 101\n"
+    )
+    plan = two_stage_launch(tmp_path, monkeypatch, sbatch, 'echo "scancel $*" >> "$CALLS"\n')
+    calls = tmp_path / "calls"
     with pytest.raises(LaunchError) as error:
         submit(plan)
     message = str(error.value)

@@ -6,37 +6,18 @@ run directory with a second job."""
 from __future__ import annotations
 
 import errno
-import os
 
 import pytest
+from test_launch_jobs import two_stage_launch
 
 from gptrain.errors import LaunchError
 from gptrain.launch.executors import slurm
 
 
 def stub_slurm(tmp_path, monkeypatch, scancel_exit: int) -> object:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "calls"
     sbatch = 'echo "sbatch $*" >> "$CALLS"\nif grep -q afterok "$CALLS"; then echo 501; else echo 500; fi\n'
     scancel = f'echo "scancel $*" >> "$CALLS"\nexit {scancel_exit}\n'
-    for name, body in (("sbatch", sbatch), ("scancel", scancel)):
-        (bin_dir / name).write_text("#!/bin/bash\n" + body)
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("CALLS", str(calls))
-    monkeypatch.chdir(tmp_path)
-    from gptrain.launch.compose import compose
-    from gptrain.launch.stages import build_plan, write_run_files
-
-    args = [
-        "cluster_type=slurm",
-        "stages=[data_preparation,training]",
-        "data_preparation.shards=[http://h/a]",
-    ]
-    args += [f"base_results_dir={tmp_path}/r"]
-    plan = build_plan(compose(args))
-    write_run_files(plan, args)
+    plan = two_stage_launch(tmp_path, monkeypatch, sbatch, scancel)
     append_record = slurm.append_record
 
     def full_for_501(run_dir, event, **fields):
